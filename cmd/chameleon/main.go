@@ -1,0 +1,71 @@
+// Command chameleon plans swaps from recorded operator traces: it detects
+// sequence changes, profiles memory and time, plans and simulates swap
+// policies, and replays traces through the Engine on the host backend.
+//
+//	chameleon detect  --trace FILE [--json]
+//	chameleon profile --trace FILE [--iter K] [--groups N] [--json]
+//	chameleon plan    --trace FILE [--iter K] --limit 12GiB|70% [--json] ...
+//	chameleon replay  --trace FILE --limit 80% [--scale N] [--rounds R] [--json]
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// command is one subcommand. run gets the arguments after the subcommand
+// name and writes its report to stdout; progress and diagnostics go to stderr.
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{}
+
+// register adds a subcommand; each lives in its own file.
+func register(name, summary string, run func(args []string, stdout, stderr io.Writer) error) {
+	commands[name] = command{summary: summary, run: run}
+}
+
+func main() {
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func runMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "chameleon: unknown command %q\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	if err := cmd.run(args[1:], stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "chameleon %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer) {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteString("usage: chameleon <command> [flags]\n\ncommands:\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "  %-8s %s\n", n, commands[n].summary)
+	}
+	b.WriteString("\nRun 'chameleon <command> -h' for a command's flags.\n")
+	io.WriteString(w, b.String())
+}

@@ -1,0 +1,429 @@
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// FormatOptrace is the format string of an optrace/v1 header.
+const FormatOptrace = "optrace/v1"
+
+// ParseError is bad input: it names the file, the line (from 1) and the
+// field that could not be read.
+type ParseError struct {
+	File  string
+	Line  int
+	Field string // empty when the line itself is malformed
+	Err   error
+}
+
+func (e *ParseError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err)
+	}
+	return fmt.Sprintf("%s:%d: field %q: %v", e.File, e.Line, e.Field, e.Err)
+}
+
+func (e *ParseError) Unwrap() error { return e.Err }
+
+// ErrTruncated is returned (wrapped in a ParseError) when a trace ends before
+// its footer: a cut-off file must never read as a shorter trace.
+var ErrTruncated = errors.New("trace ends early (no footer): file truncated?")
+
+// Reader streams an optrace/v1 trace one iteration at a time, so only the
+// iteration being read and the table of declared storages are in memory.
+type Reader struct {
+	name    string
+	br      *bufio.Reader
+	closers []io.Closer
+	line    int
+	buf     []byte
+	hdr     Header
+	tensors map[TensorID]*Tensor
+	footer  []float64
+	done    bool
+	raw     rawLine
+}
+
+// rawLine is the union of every optrace/v1 line. Pointers mark the fields
+// whose absence must be told apart from zero.
+type rawLine struct {
+	Type string `json:"type"`
+	// header
+	Format string          `json:"format"`
+	Model  string          `json:"model"`
+	Config json.RawMessage `json:"config"`
+	Batch  int             `json:"batch"`
+	AMP    json.RawMessage `json:"amp"`
+	Ckpt   bool            `json:"ckpt"`
+	Device string          `json:"device"`
+	Torch  string          `json:"torch"`
+	Params int64           `json:"params"`
+	// tensor
+	ID    *int64  `json:"id"`
+	Bytes *int64  `json:"bytes"`
+	DType string  `json:"dtype"`
+	Shape []int64 `json:"shape"`
+	Kind  string  `json:"kind"`
+	Ptr   uint64  `json:"ptr"`
+	// op (seq doubles as the header's sequence length)
+	Iter     *int     `json:"iter"`
+	Seq      *int     `json:"seq"`
+	Name     string   `json:"name"`
+	Overload string   `json:"overload"`
+	Phase    string   `json:"phase"`
+	Module   string   `json:"module"`
+	In       []int64  `json:"in"`
+	Out      []int64  `json:"out"`
+	DurUS    *float64 `json:"dur_us"`
+	Mem      *int64   `json:"mem"`
+	FLOPs    float64  `json:"flops"`
+	IOBytes  float64  `json:"io_bytes"`
+	// iter_end
+	Ops       *int    `json:"ops"`
+	SeqLen    int     `json:"seq_len"`
+	PeakBytes int64   `json:"peak_bytes"`
+	WallMS    float64 `json:"wall_ms"`
+	UninstMS  float64 `json:"uninstrumented_ms"`
+	// footer
+	IterMS []float64 `json:"uninstrumented_iter_ms"`
+}
+
+// Open opens a trace file, gzip-compressed or plain (told by its first
+// bytes), and reads its header.
+func Open(path string) (*Reader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	r, err := newReader(f, filepath.Base(path), f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// NewReader reads a trace from r, gzip-compressed or plain. name is used in
+// error messages.
+func NewReader(r io.Reader, name string) (*Reader, error) { return newReader(r, name, nil) }
+
+func newReader(r io.Reader, name string, c io.Closer) (*Reader, error) {
+	rd := &Reader{name: name, tensors: make(map[TensorID]*Tensor)}
+	if c != nil {
+		rd.closers = append(rd.closers, c)
+	}
+	br := bufio.NewReaderSize(r, 1<<16)
+	magic, _ := br.Peek(2)
+	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, &ParseError{File: name, Line: 0, Err: fmt.Errorf("gzip: %w", err)}
+		}
+		rd.closers = append(rd.closers, zr)
+		br = bufio.NewReaderSize(zr, 1<<16)
+	}
+	rd.br = br
+	if err := rd.readHeader(); err != nil {
+		return nil, err
+	}
+	return rd, nil
+}
+
+// Name is the name used in errors (the file's base name for Open).
+func (r *Reader) Name() string { return r.name }
+
+// Header returns the trace header.
+func (r *Reader) Header() Header { return r.hdr }
+
+// IterationTimes returns the footer's uninstrumented iteration times, once
+// Next has returned io.EOF.
+func (r *Reader) IterationTimes() []float64 { return r.footer }
+
+// Close releases the file.
+func (r *Reader) Close() error {
+	var first error
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		if err := r.closers[i].Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	r.closers = nil
+	return first
+}
+
+func (r *Reader) errf(field string, format string, args ...any) error {
+	return &ParseError{File: r.name, Line: r.line, Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// next reads and decodes the next non-empty line into r.raw; io.EOF at a
+// clean end of input.
+func (r *Reader) next() error {
+	for {
+		r.buf = r.buf[:0]
+		for {
+			chunk, err := r.br.ReadSlice('\n')
+			r.buf = append(r.buf, chunk...)
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			if err == io.EOF {
+				if len(r.buf) == 0 {
+					return io.EOF
+				}
+				break
+			}
+			if err != nil {
+				r.line++
+				return &ParseError{File: r.name, Line: r.line, Err: fmt.Errorf("read: %w", err)}
+			}
+			break
+		}
+		r.line++
+		line := bytes.TrimSpace(r.buf)
+		if len(line) == 0 {
+			continue
+		}
+		r.raw = rawLine{}
+		if err := json.Unmarshal(line, &r.raw); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) {
+				return &ParseError{File: r.name, Line: r.line, Field: te.Field, Err: fmt.Errorf("want %s, got JSON %s", te.Type, te.Value)}
+			}
+			return &ParseError{File: r.name, Line: r.line, Err: err}
+		}
+		return nil
+	}
+}
+
+func (r *Reader) readHeader() error {
+	err := r.next()
+	if err == io.EOF {
+		return &ParseError{File: r.name, Line: r.line, Err: errors.New("empty trace: no header")}
+	}
+	if err != nil {
+		return err
+	}
+	l := &r.raw
+	if l.Type != "header" {
+		return r.errf("type", "first line must be the header, got %q", l.Type)
+	}
+	if l.Format != FormatOptrace {
+		return r.errf("format", "unsupported format %q (want %q)", l.Format, FormatOptrace)
+	}
+	var amp string
+	if len(l.AMP) > 0 && l.AMP[0] == '"' {
+		_ = json.Unmarshal(l.AMP, &amp)
+	}
+	seq := 0
+	if l.Seq != nil {
+		seq = *l.Seq
+	}
+	r.hdr = Header{
+		Format: l.Format, Model: l.Model, Batch: l.Batch, Seq: seq, AMP: amp,
+		Ckpt: l.Ckpt, Device: l.Device, Torch: l.Torch, Params: l.Params,
+	}
+	if len(l.Config) > 0 && string(l.Config) != "null" {
+		r.hdr.Config = bytes.Clone(l.Config)
+	}
+	return nil
+}
+
+// Next returns the next iteration, or io.EOF after the footer. Storages
+// declared by earlier iterations (parameters, optimizer state) are shared
+// with later ones.
+func (r *Reader) Next() (*Iteration, error) {
+	if r.done {
+		return nil, io.EOF
+	}
+	var it *Iteration
+	var ids []TensorID // one backing array for the iteration's tensor refs
+	for {
+		err := r.next()
+		if err == io.EOF {
+			return nil, &ParseError{File: r.name, Line: r.line, Err: ErrTruncated}
+		}
+		if err != nil {
+			return nil, err
+		}
+		l := &r.raw
+		switch l.Type {
+		case "tensor":
+			if err := r.tensor(l); err != nil {
+				return nil, err
+			}
+		case "op":
+			if l.Iter == nil {
+				return nil, r.errf("iter", "missing")
+			}
+			if it == nil {
+				it = &Iteration{Index: *l.Iter, Tensors: make(map[TensorID]*Tensor)}
+			} else if *l.Iter != it.Index {
+				return nil, r.errf("iter", "op of iteration %d inside iteration %d (missing iter_end?)", *l.Iter, it.Index)
+			}
+			if err := r.op(l, it, &ids); err != nil {
+				return nil, err
+			}
+		case "iter_end":
+			if l.Iter == nil {
+				return nil, r.errf("iter", "missing")
+			}
+			if it == nil {
+				it = &Iteration{Index: *l.Iter, Tensors: make(map[TensorID]*Tensor)}
+			}
+			if *l.Iter != it.Index {
+				return nil, r.errf("iter", "iter_end of iteration %d closes iteration %d", *l.Iter, it.Index)
+			}
+			if l.Ops == nil {
+				return nil, r.errf("ops", "missing")
+			}
+			if *l.Ops != len(it.Ops) {
+				return nil, r.errf("ops", "says %d ops, the iteration has %d", *l.Ops, len(it.Ops))
+			}
+			it.SeqLen, it.PeakBytes, it.WallMS, it.TimeMS = l.SeqLen, l.PeakBytes, l.WallMS, l.UninstMS
+			return it, nil
+		case "footer":
+			if it != nil {
+				return nil, r.errf("type", "footer inside iteration %d (missing iter_end)", it.Index)
+			}
+			r.footer = append([]float64(nil), l.IterMS...)
+			r.done = true
+			return nil, io.EOF
+		case "header":
+			return nil, r.errf("type", "second header")
+		default:
+			return nil, r.errf("type", "unknown line type %q", l.Type)
+		}
+	}
+}
+
+func (r *Reader) tensor(l *rawLine) error {
+	if l.ID == nil {
+		return r.errf("id", "missing")
+	}
+	id := TensorID(*l.ID)
+	if id < 0 {
+		return r.errf("id", "negative id %d", id)
+	}
+	if _, dup := r.tensors[id]; dup {
+		return r.errf("id", "tensor %d declared twice", id)
+	}
+	if l.Bytes == nil {
+		return r.errf("bytes", "missing")
+	}
+	if *l.Bytes < 0 {
+		return r.errf("bytes", "negative size %d", *l.Bytes)
+	}
+	kind, ok := ParseKind(l.Kind)
+	if !ok {
+		return r.errf("kind", "unknown tensor kind %q", l.Kind)
+	}
+	r.tensors[id] = &Tensor{
+		ID: id, Bytes: *l.Bytes, DType: l.DType, Shape: append([]int64(nil), l.Shape...),
+		Kind: kind, Ptr: l.Ptr,
+	}
+	return nil
+}
+
+func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
+	if l.Seq == nil {
+		return r.errf("seq", "missing")
+	}
+	if *l.Seq != len(it.Ops) {
+		return r.errf("seq", "op %d out of order (want %d)", *l.Seq, len(it.Ops))
+	}
+	if l.Name == "" {
+		return r.errf("name", "missing")
+	}
+	phase, ok := ParsePhase(l.Phase)
+	if !ok {
+		return r.errf("phase", "unknown phase %q", l.Phase)
+	}
+	in, err := r.refs(l.In, it, ids, "in")
+	if err != nil {
+		return err
+	}
+	out, err := r.refs(l.Out, it, ids, "out")
+	if err != nil {
+		return err
+	}
+	op := Op{
+		Seq: *l.Seq, Name: l.Name, Overload: l.Overload, Phase: phase, Module: l.Module,
+		In: in, Out: out, Mem: -1, FLOPs: l.FLOPs, IOBytes: l.IOBytes,
+	}
+	if l.DurUS != nil {
+		if *l.DurUS < 0 {
+			return r.errf("dur_us", "negative duration %g", *l.DurUS)
+		}
+		op.DurUS = *l.DurUS
+	}
+	if l.Mem != nil {
+		if *l.Mem < 0 {
+			return r.errf("mem", "negative %d", *l.Mem)
+		}
+		op.Mem = *l.Mem
+	}
+	if len(it.Ops) > 0 && (it.Ops[0].Mem >= 0) != (op.Mem >= 0) {
+		return r.errf("mem", "present on some ops of iteration %d and not on others", it.Index)
+	}
+	it.Ops = append(it.Ops, op)
+	return nil
+}
+
+func (r *Reader) refs(raw []int64, it *Iteration, ids *[]TensorID, field string) ([]TensorID, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	start := len(*ids)
+	for _, v := range raw {
+		t, ok := r.tensors[TensorID(v)]
+		if !ok {
+			return nil, r.errf(field, "tensor %d used before it is declared", v)
+		}
+		it.Tensors[t.ID] = t
+		*ids = append(*ids, t.ID)
+	}
+	s := (*ids)[start:len(*ids):len(*ids)]
+	return s, nil
+}
+
+// ReadFile reads a whole trace into memory.
+func ReadFile(path string) (*Trace, error) {
+	r, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return readAll(r)
+}
+
+// Read reads a whole trace from an io.Reader; name is used in errors.
+func Read(rd io.Reader, name string) (*Trace, error) {
+	r, err := NewReader(rd, name)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return readAll(r)
+}
+
+func readAll(r *Reader) (*Trace, error) {
+	tr := &Trace{Name: r.Name(), Header: r.Header()}
+	for {
+		it, err := r.Next()
+		if err == io.EOF {
+			return tr, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		tr.Iterations = append(tr.Iterations, it)
+	}
+}
