@@ -50,6 +50,18 @@ type Reader struct {
 	footer  []float64
 	done    bool
 	raw     rawLine
+	strs    map[string]string
+}
+
+// intern returns one shared copy of each distinct name: a trace repeats a
+// few hundred op names and module paths thousands of times, and consumers
+// (the encoder's pointer cache) profit from equal names being one string.
+func (r *Reader) intern(s string) string {
+	if v, ok := r.strs[s]; ok {
+		return v
+	}
+	r.strs[s] = s
+	return s
 }
 
 // rawLine is the union of every optrace/v1 line. Pointers mark the fields
@@ -116,7 +128,7 @@ func Open(path string) (*Reader, error) {
 func NewReader(r io.Reader, name string) (*Reader, error) { return newReader(r, name, nil) }
 
 func newReader(r io.Reader, name string, c io.Closer) (*Reader, error) {
-	rd := &Reader{name: name, tensors: make(map[TensorID]*Tensor)}
+	rd := &Reader{name: name, tensors: make(map[TensorID]*Tensor), strs: make(map[string]string)}
 	if c != nil {
 		rd.closers = append(rd.closers, c)
 	}
@@ -295,7 +307,16 @@ func (r *Reader) Next() (*Iteration, error) {
 			}
 			r.footer = append([]float64(nil), l.IterMS...)
 			r.done = true
-			return nil, io.EOF
+			// Read to the end: the gzip checksum is only checked there, and
+			// anything after the footer is a damaged or concatenated file.
+			switch err := r.next(); {
+			case err == io.EOF:
+				return nil, io.EOF
+			case err != nil:
+				return nil, err
+			default:
+				return nil, r.errf("type", "%q line after the footer", r.raw.Type)
+			}
 		case "header":
 			return nil, r.errf("type", "second header")
 		default:
@@ -326,7 +347,7 @@ func (r *Reader) tensor(l *rawLine) error {
 		return r.errf("kind", "unknown tensor kind %q", l.Kind)
 	}
 	r.tensors[id] = &Tensor{
-		ID: id, Bytes: *l.Bytes, DType: l.DType, Shape: append([]int64(nil), l.Shape...),
+		ID: id, Bytes: *l.Bytes, DType: r.intern(l.DType), Shape: append([]int64(nil), l.Shape...),
 		Kind: kind, Ptr: l.Ptr,
 	}
 	return nil
@@ -355,7 +376,7 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 		return err
 	}
 	op := Op{
-		Seq: *l.Seq, Name: l.Name, Overload: l.Overload, Phase: phase, Module: l.Module,
+		Seq: *l.Seq, Name: r.intern(l.Name), Overload: r.intern(l.Overload), Phase: phase, Module: r.intern(l.Module),
 		In: in, Out: out, Mem: -1, FLOPs: l.FLOPs, IOBytes: l.IOBytes,
 	}
 	if l.DurUS != nil {

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+func init() {
+	register("detect", "run Encode+Detect over every iteration of a trace", runDetect)
+}
+
+type detectIter struct {
+	Iter        int       `json:"iter"`
+	Ops         int       `json:"ops"`
+	Stage       seq.Stage `json:"stage"`
+	Changed     bool      `json:"changed"`
+	Similarity  float64   `json:"similarity"`
+	LengthDelta float64   `json:"length_delta"`
+	MemoryDelta float64   `json:"memory_delta"`
+	Reason      string    `json:"reason,omitempty"`
+}
+
+type detectReport struct {
+	Trace           string       `json:"trace"`
+	Iterations      []detectIter `json:"iterations"`
+	DetectNsPerIter int64        `json:"detect_ns_per_iter"`
+}
+
+func runDetect(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("detect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("trace", "", "trace file (optrace/v1, gzip or plain)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
+	cfg := seq.DefaultConfig()
+	fs.Float64Var(&cfg.MinSimilarity, "cosine", cfg.MinSimilarity, "minimum bigram cosine of an unchanged sequence")
+	fs.Float64Var(&cfg.MaxLengthDelta, "length", cfg.MaxLengthDelta, "maximum relative op-count change of an unchanged sequence")
+	fs.Float64Var(&cfg.MaxMemoryDelta, "memory", cfg.MaxMemoryDelta, "maximum relative allocated-bytes change of an unchanged sequence")
+	fs.IntVar(&cfg.M, "m", cfg.M, "unchanged iterations spent in WARMUP")
+	fs.IntVar(&cfg.N, "n", cfg.N, "iterations spent in GEN_POLICY")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return errors.New("--trace is required")
+	}
+	if *rounds < 1 {
+		return fmt.Errorf("--rounds %d: want at least 1", *rounds)
+	}
+	if seq.DebugEnabled(os.Getenv("CHAMELEON_DEBUG"), "seqchange") {
+		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	rep, err := detect(*path, cfg, *rounds)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "iter\tops\tstage\tchanged\tsimilarity\tlength Δ\tmemory Δ\treason\n")
+	for _, it := range rep.Iterations {
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%v\t%.4f\t%.2f%%\t%.2f%%\t%s\n", it.Iter, it.Ops, it.Stage, it.Changed,
+			it.Similarity, 100*it.LengthDelta, 100*it.MemoryDelta, it.Reason)
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "\n%s: %d iterations, detect %.1f µs per iteration\n", rep.Trace, len(rep.Iterations), float64(rep.DetectNsPerIter)/1000)
+	return nil
+}
+
+// detect streams the trace (one iteration in memory at a time, per round)
+// through Encode and Detect.
+func detect(path string, cfg seq.Config, rounds int) (*detectReport, error) {
+	det, err := seq.NewDetector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	enc := seq.NewEncoder(nil)
+	rep := &detectReport{Trace: path}
+	var spent time.Duration
+	for range rounds {
+		r, err := trace.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		for {
+			it, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				r.Close()
+				return nil, err
+			}
+			p := seq.EncodeIteration(enc, it)
+			t0 := time.Now()
+			res := det.Observe(p)
+			spent += time.Since(t0)
+			rep.Iterations = append(rep.Iterations, detectIter{
+				Iter: it.Index, Ops: p.Len, Stage: res.Stage, Changed: res.Changed, Similarity: res.Similarity,
+				LengthDelta: res.LengthDelta, MemoryDelta: res.MemoryDelta, Reason: res.Reason,
+			})
+		}
+		r.Close()
+	}
+	if n := len(rep.Iterations); n > 0 {
+		rep.DetectNsPerIter = spent.Nanoseconds() / int64(n)
+	}
+	return rep, nil
+}

@@ -1,0 +1,202 @@
+package trace_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+const small = "../testdata/llama4-small.jsonl.gz"
+
+// sharedTrace returns the path of a trace in ../shared/traces, skipping the
+// test when the shared traces are not beside the checkout.
+func sharedTrace(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join("..", "..", "shared", "traces", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("shared trace %s not present: %v", name, err)
+	}
+	return p
+}
+
+func TestReadSmall(t *testing.T) {
+	tr, err := trace.ReadFile(small)
+	require.NoError(t, err)
+	assert.Equal(t, "llama-small", tr.Header.Model)
+	assert.Equal(t, "bf16", tr.Header.AMP)
+	require.Len(t, tr.Iterations, 3)
+	for k, it := range tr.Iterations {
+		assert.Equal(t, k, it.Index)
+		assert.Len(t, it.Ops, 994)
+		assert.True(t, it.HasMem())
+		assert.Positive(t, it.TimeMS)
+		assert.Equal(t, int64(1323298304), it.PeakBytes)
+		for i, op := range it.Ops {
+			require.Equal(t, i, op.Seq)
+			for _, id := range append(append([]trace.TensorID{}, op.In...), op.Out...) {
+				require.NotNil(t, it.Tensor(id), "op %d references tensor %d", i, id)
+			}
+		}
+	}
+	op0 := tr.Iterations[0].Ops[0]
+	assert.Equal(t, "aten::embedding", op0.Name)
+	assert.Equal(t, trace.PhaseForward, op0.Phase)
+	assert.Equal(t, []trace.TensorID{0, 1}, op0.In)
+	assert.Equal(t, trace.KindParam, tr.Iterations[0].Tensor(0).Kind)
+	// Parameters are declared once and shared by every iteration.
+	assert.Same(t, tr.Iterations[0].Tensor(0), tr.Iterations[2].Tensor(0))
+}
+
+func TestReadAllShared(t *testing.T) {
+	tests := []struct {
+		give  string
+		iters int
+		ops   []int
+	}{
+		{give: "llama16-bf16.jsonl.gz", iters: 6, ops: []int{3706}},
+		{give: "llama16-bf16-ckpt.jsonl.gz", iters: 4, ops: []int{5687}},
+		{give: "llama16-fp16-scaler.jsonl.gz", iters: 10, ops: []int{4174, 4174, 4174, 6087, 4174, 5646}},
+		{give: "mixtral8-eager-bf16.jsonl.gz", iters: 6, ops: []int{5594}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.give, func(t *testing.T) {
+			tr, err := trace.ReadFile(sharedTrace(t, tt.give))
+			require.NoError(t, err)
+			require.Len(t, tr.Iterations, tt.iters)
+			for k, n := range tt.ops {
+				assert.Len(t, tr.Iterations[k].Ops, n, "iteration %d", k)
+			}
+		})
+	}
+}
+
+// plain returns the small trace decompressed.
+func plain(t testing.TB) []byte {
+	t.Helper()
+	f, err := os.Open(small)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err)
+	b, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	return b
+}
+
+func TestPlainEqualsGzip(t *testing.T) {
+	a, err := trace.Read(bytes.NewReader(plain(t)), "plain")
+	require.NoError(t, err)
+	b, err := trace.ReadFile(small)
+	require.NoError(t, err)
+	require.Len(t, a.Iterations, len(b.Iterations))
+	for k := range a.Iterations {
+		assert.Equal(t, b.Iterations[k].Ops, a.Iterations[k].Ops)
+	}
+}
+
+func TestTruncatedGzipIsAnError(t *testing.T) {
+	raw, err := os.ReadFile(small)
+	require.NoError(t, err)
+	for _, cut := range []int{len(raw) / 3, len(raw) / 2, len(raw) - 9} {
+		_, err := trace.Read(bytes.NewReader(raw[:cut]), "cut.jsonl.gz")
+		require.Error(t, err, "cut at %d", cut)
+		assert.Contains(t, err.Error(), "cut.jsonl.gz")
+	}
+}
+
+func TestTruncatedPlainIsAnError(t *testing.T) {
+	b := plain(t)
+	// Cut at a line boundary: every line parses, but the footer is missing.
+	cut := bytes.LastIndex(b[:len(b)/2], []byte("\n")) + 1
+	_, err := trace.Read(bytes.NewReader(b[:cut]), "cut.jsonl")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, trace.ErrTruncated)
+}
+
+func TestBadInputNamesFileLineField(t *testing.T) {
+	hdr := `{"type":"header","format":"optrace/v1","model":"m"}`
+	t0 := `{"type":"tensor","id":0,"bytes":16,"dtype":"float32","shape":[4],"kind":"act","ptr":1}`
+	tests := []struct {
+		name  string
+		lines []string
+		field string
+		line  int
+	}{
+		{"format", []string{`{"type":"header","format":"optrace/v9"}`}, "format", 1},
+		{"first line", []string{t0}, "type", 1},
+		{"bytes type", []string{hdr, `{"type":"tensor","id":0,"bytes":"x","kind":"act"}`}, "bytes", 2},
+		{"kind", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"kind":"weird"}`}, "kind", 2},
+		{"dup id", []string{hdr, t0, t0}, "id", 3},
+		{"undeclared", []string{hdr, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":[7],"out":[]}`}, "in", 2},
+		{"seq", []string{hdr, t0, `{"type":"op","iter":0,"seq":1,"name":"aten::mm","phase":"fwd","in":[0],"out":[]}`}, "seq", 3},
+		{"phase", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"sideways","in":[0]}`}, "phase", 3},
+		{"ops count", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":[0]}`, `{"type":"iter_end","iter":0,"ops":2}`}, "ops", 4},
+		{"syntax", []string{hdr, `{"type":"op",`}, "", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := strings.Join(tt.lines, "\n") + "\n"
+			_, err := trace.Read(strings.NewReader(in), "bad.jsonl")
+			require.Error(t, err)
+			var pe *trace.ParseError
+			require.True(t, errors.As(err, &pe), "got %T: %v", err, err)
+			assert.Equal(t, "bad.jsonl", pe.File)
+			assert.Equal(t, tt.line, pe.Line)
+			assert.Equal(t, tt.field, pe.Field)
+		})
+	}
+}
+
+func TestReadKernels(t *testing.T) {
+	k, err := trace.ReadKernelsFile(sharedTrace(t, "llama16-bf16.kernels.json.gz"))
+	require.NoError(t, err)
+	assert.Len(t, k.Ops, 3706)
+	assert.InDelta(t, 115.7, k.IterationMS, 0.1)
+	var sum float64
+	for _, op := range k.Ops {
+		sum += op.KernelUS
+	}
+	assert.InDelta(t, k.KernelMSTotal, sum/1000, 0.5)
+}
+
+// FuzzRead feeds arbitrary bytes to the reader: it must return an error or
+// a well-formed trace, never panic, and every op must reference declared
+// tensors.
+func FuzzRead(f *testing.F) {
+	b := plain(f)
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	f.Add(bytes.Join(lines[:40], nil))
+	f.Add([]byte(`{"type":"header","format":"optrace/v1"}` + "\n" + `{"type":"footer"}` + "\n"))
+	f.Add([]byte(`{"type":"header","format":"optrace/v1"}` + "\n" +
+		`{"type":"tensor","id":0,"bytes":16,"kind":"act"}` + "\n" +
+		`{"type":"op","iter":0,"seq":0,"name":"a","phase":"fwd","in":[],"out":[0],"mem":16}` + "\n" +
+		`{"type":"iter_end","iter":0,"ops":1}` + "\n" + `{"type":"footer"}` + "\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tr, err := trace.Read(bytes.NewReader(data), "fuzz")
+		if err != nil {
+			return
+		}
+		for _, it := range tr.Iterations {
+			for i, op := range it.Ops {
+				if op.Seq != i {
+					t.Fatalf("op %d has seq %d", i, op.Seq)
+				}
+				for _, id := range op.In {
+					if it.Tensor(id) == nil {
+						t.Fatalf("undeclared tensor %d", id)
+					}
+				}
+			}
+		}
+	})
+}
