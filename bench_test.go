@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -76,4 +77,30 @@ func BenchmarkEncodeFinish(b *testing.B) {
 		e.Finish()
 	}
 	b.ReportMetric(float64(len(it.Ops)), "ops/iter")
+}
+
+// BenchmarkMatch is the cost of matching one produced tensor of a live
+// iteration against the planned ones (target: under 200 ns per op).
+func BenchmarkMatch(b *testing.B) {
+	tr := benchTrace(b, "llama16-bf16.jsonl.gz")
+	v := seq.NewVocab()
+	planned := match.ProducedTensors(tr.Iterations[1], v)
+	live := match.ProducedTensors(tr.Iterations[3], v)
+	feats := make([]match.Features, len(planned))
+	for i, p := range planned {
+		feats[i] = p.Features
+	}
+	m := match.New(match.DefaultConfig(), feats)
+	b.ReportAllocs()
+	i, hits := 0, 0
+	for b.Loop() {
+		if k, _ := m.Match(live[i].Features); k >= 0 {
+			hits++
+		}
+		if i++; i == len(live) {
+			i = 0
+			m.Reset()
+		}
+	}
+	b.ReportMetric(float64(len(live))/float64(len(tr.Iterations[3].Ops)), "tensors/op")
 }

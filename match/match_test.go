@@ -1,0 +1,100 @@
+package match_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+func load(t testing.TB, name string) *trace.Trace {
+	t.Helper()
+	p := filepath.Join("..", "..", "shared", "traces", name)
+	if name == "llama4-small.jsonl.gz" {
+		p = filepath.Join("..", "testdata", name)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("trace %s not present: %v", name, err)
+	}
+	tr, err := trace.ReadFile(p)
+	require.NoError(t, err)
+	return tr
+}
+
+// TestMatchQuality measures, on the recorded traces, whether the tensor
+// matched in iteration k+n is the one at the same op position and output
+// slot as the planned tensor of iteration k. The figures are in
+// docs/match.md.
+func TestMatchQuality(t *testing.T) {
+	tests := []struct {
+		trace         string
+		n             int
+		minPrecision  float64
+		minRecall     float64
+		maxRecall     float64 // bounds what is known not to work, so a change shows
+		relaxedRecall float64 // recall at threshold 0.65 (address may move)
+	}{
+		{"llama4-small.jsonl.gz", 1, 1, 0.95, 1, 1},
+		{"llama16-bf16.jsonl.gz", 1, 0.99, 0.92, 1, 0.98},
+		{"llama16-bf16.jsonl.gz", 2, 1, 1, 1, 1},
+		{"llama7b-8l-bf16.jsonl.gz", 1, 1, 0.94, 1, 1},
+		{"llama16-bf16-ckpt.jsonl.gz", 1, 0.99, 0.85, 1, 0.99},
+		{"llama16-fp16-scaler.jsonl.gz", 2, 1, 1, 1, 1},
+		// Same shapes (seq 2048 -> 2048): as good as the static trace.
+		{"llama16-bf16-dynseq.jsonl.gz", 1, 0.99, 0.91, 1, 0.98},
+		// Routing moves expert tensors' sizes and so their addresses: the
+		// matcher refuses rather than guesses.
+		{"mixtral8-eager-bf16.jsonl.gz", 1, 0.99, 0.10, 0.20, 0.55},
+	}
+	for _, tt := range tests {
+		tr := load(t, tt.trace)
+		q := match.Evaluate(match.DefaultConfig(), tr.Iterations[1], tr.Iterations[1+tt.n])
+		t.Logf("%s k=1 n=%d: planned %d matched %d correct %d precision %.4f recall %.4f",
+			tt.trace, tt.n, q.Planned, q.Matched, q.Correct, q.Precision, q.Recall)
+		assert.GreaterOrEqual(t, q.Precision, tt.minPrecision, tt.trace)
+		assert.GreaterOrEqual(t, q.Recall, tt.minRecall, tt.trace)
+		assert.LessOrEqual(t, q.Recall, tt.maxRecall, tt.trace)
+		relaxed := match.DefaultConfig()
+		relaxed.Threshold = 0.65
+		r := match.Evaluate(relaxed, tr.Iterations[1], tr.Iterations[1+tt.n])
+		t.Logf("  threshold 0.65: precision %.4f recall %.4f", r.Precision, r.Recall)
+		assert.GreaterOrEqual(t, r.Recall, tt.relaxedRecall, tt.trace)
+	}
+}
+
+func TestDynseqOtherLengthDoesNotMatch(t *testing.T) {
+	// 2048 -> 1024 tokens: every activation has another size and address;
+	// a policy planned for one must not be applied to the other by accident.
+	tr := load(t, "llama16-bf16-dynseq.jsonl.gz")
+	q := match.Evaluate(match.DefaultConfig(), tr.Iterations[2], tr.Iterations[3])
+	assert.Less(t, q.Recall, 0.05)
+	assert.Equal(t, q.Correct, q.Matched, "every match made is right")
+}
+
+func TestMatchBasics(t *testing.T) {
+	a := match.Features{Ptr: 1, Stack: match.Hash("m.l0"), Producer: 3, Shape: match.ShapeHash([]int64{2, 4})}
+	b := match.Features{Ptr: 2, Stack: match.Hash("m.l0"), Producer: 3, Shape: match.ShapeHash([]int64{2, 4})}
+	m := match.New(match.DefaultConfig(), []match.Features{a, b})
+	i, s := m.Match(a)
+	assert.Equal(t, 0, i)
+	assert.InDelta(t, 1.0, s, 1e-9)
+	// Second of the site with b's address: b.
+	i, _ = m.Match(b)
+	assert.Equal(t, 1, i)
+	// Nothing left to match this iteration.
+	i, _ = m.Match(a)
+	assert.Equal(t, -1, i)
+	m.Reset()
+	// Address moved: 0.4 + 0.2 + 0.1 = 0.7 is below 0.85.
+	moved := a
+	moved.Ptr = 99
+	i, s = m.Match(moved)
+	assert.Equal(t, -1, i)
+	assert.InDelta(t, 0.7, s, 1e-9)
+	assert.NotEqual(t, match.ShapeHash([]int64{2, 4}), match.ShapeHash([]int64{4, 2}))
+}
