@@ -14,7 +14,6 @@
 // module and producer with the j-th planned one.
 package match
 
-import "hash/maphash"
 
 // Features describe one tensor at the moment it is produced.
 type Features struct {
@@ -24,11 +23,15 @@ type Features struct {
 	Shape    uint64 // hash of the shape (ShapeHash)
 }
 
-var seed = maphash.MakeSeed()
-
-// Hash hashes a call stack or module path for Features.Stack. Hashes are
-// only compared within one process.
-func Hash(s string) uint64 { return maphash.String(seed, s) }
+// Hash hashes a call stack or module path for Features.Stack (FNV-1a, so
+// hashes saved with a policy mean the same in another process).
+func Hash(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h
+}
 
 // ShapeHash hashes a shape for Features.Shape.
 func ShapeHash(shape []int64) uint64 {

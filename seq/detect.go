@@ -123,6 +123,10 @@ func (d *Detector) Next() Stage { return d.stageOf(d.run + 1) }
 // a policy cache): later unchanged iterations are STABLE with no WARMUP.
 func (d *Detector) Adopt() { d.run = max(d.run, d.cfg.M+d.cfg.N) }
 
+// Restart returns the machine to WARMUP as if the last iteration had been
+// a change: used when a policy turned out stale.
+func (d *Detector) Restart() { d.run = 0 }
+
 // Observe compares p with the previous iteration's profile and advances the
 // stage machine.
 func (d *Detector) Observe(p Profile) Result {

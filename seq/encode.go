@@ -24,6 +24,10 @@ type opKey struct{ name, overload string }
 type Vocab struct {
 	ids   map[opKey]Token
 	names []opKey
+	// stable is each token's hash of its name and overload: sequence hashes
+	// fold it instead of the token, so they do not depend on the order in
+	// which a process first met its ops (a saved policy cache stays valid).
+	stable []uint64
 	cache [cacheSlots]cacheEntry
 }
 
@@ -57,6 +61,7 @@ func (v *Vocab) Token(name, overload string) Token {
 		t = Token(len(v.names))
 		v.ids[k] = t
 		v.names = append(v.names, k)
+		v.stable = append(v.stable, nameHash(name, overload))
 	}
 	*slot = cacheEntry{name: np, overload: op, nlen: len(name), olen: len(overload), tok: t, ok: true}
 	return t
@@ -69,6 +74,18 @@ func (v *Vocab) Name(t Token) (name, overload string) {
 	}
 	k := v.names[t]
 	return k.name, k.overload
+}
+
+func nameHash(name, overload string) uint64 {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(name); i++ {
+		h = (h ^ uint64(name[i])) * fnvPrime
+	}
+	h = (h ^ '.') * fnvPrime
+	for i := 0; i < len(overload); i++ {
+		h = (h ^ uint64(overload[i])) * fnvPrime
+	}
+	return h
 }
 
 // Len is the number of distinct ops seen.
@@ -144,7 +161,11 @@ func (e *Encoder) Record(name, overload string, allocBytes int64) Token {
 func (e *Encoder) RecordToken(t Token, allocBytes int64) {
 	e.tokens = append(e.tokens, t)
 	e.bytes += allocBytes
-	e.hash = (e.hash ^ uint64(t)) * fnvPrime
+	if int(t) < len(e.Vocab.stable) {
+		e.hash = (e.hash ^ e.Vocab.stable[t]) * fnvPrime
+	} else {
+		e.hash = (e.hash ^ uint64(t)) * fnvPrime
+	}
 	b := bigramBucket(e.prev, t)
 	if e.counts[b] == 0 {
 		e.touched = append(e.touched, b)

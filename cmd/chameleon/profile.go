@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"text/tabwriter"
+
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+func init() {
+	register("profile", "memory model vs the recorded curve, and logical layers with time estimates", runProfile)
+}
+
+// profileReport is the --json output of profile.
+type profileReport struct {
+	Trace             string         `json:"trace"`
+	Iter              int            `json:"iter"`
+	Ops               int            `json:"ops"`
+	IterationMS       float64        `json:"iteration_ms"`
+	PeakBytesRecorded int64          `json:"peak_bytes_recorded"`
+	PeakBytesModel    int64          `json:"peak_bytes_model"`
+	MaxOpErrorPct     float64        `json:"max_op_error_pct"`
+	Groups            []profileGroup `json:"groups"`
+}
+
+type profileGroup struct {
+	Phase       string  `json:"phase"`
+	FirstOp     int     `json:"first_op"`
+	LastOp      int     `json:"last_op"`
+	Ops         int     `json:"ops"`
+	EstimatedMS float64 `json:"estimated_ms"`
+	MeasuredMS  float64 `json:"measured_ms"`
+	PeakBytes   int64   `json:"peak_bytes"`
+}
+
+func runProfile(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("trace", "", "optrace/v1 `file` (gzip or plain)")
+	iter := fs.Int("iter", 0, "iteration `index` to profile (position in the trace)")
+	groups := fs.Int("groups", 16, "at most `N` logical-layer groups per forward and backward")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *path == "" {
+		return errors.New("--trace: required")
+	}
+	if *groups < 1 {
+		return fmt.Errorf("--groups: must be at least 1, got %d", *groups)
+	}
+	tr, err := trace.ReadFile(*path)
+	if err != nil {
+		return fmt.Errorf("--trace: %w", err)
+	}
+	if *iter < 0 || *iter >= len(tr.Iterations) {
+		return fmt.Errorf("--iter: %d out of range (the trace has %d iterations)", *iter, len(tr.Iterations))
+	}
+	rep := buildProfile(tr, *iter, *groups)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	writeProfileTable(stdout, rep)
+	return nil
+}
+
+func buildProfile(tr *trace.Trace, k, n int) profileReport {
+	it := tr.Iterations[k]
+	m := memory.Build(it, memory.LiveOutFromTrace(tr, k))
+	rep := profileReport{
+		Trace: tr.Name, Iter: it.Index, Ops: len(it.Ops), IterationMS: it.TimeMS,
+		PeakBytesRecorded: it.PeakBytes, PeakBytesModel: m.Peak,
+	}
+	if it.HasMem() {
+		var rec int64
+		for i, op := range it.Ops {
+			rec = max(rec, op.Mem)
+			if op.Mem > 0 {
+				rep.MaxOpErrorPct = max(rep.MaxOpErrorPct, 100*math.Abs(float64(m.Curve[i]-op.Mem))/float64(op.Mem))
+			}
+		}
+		if rep.PeakBytesRecorded == 0 {
+			rep.PeakBytesRecorded = rec
+		}
+	}
+	est := layer.Default().Estimate(it)
+	// measured: dur_us as relative weights, scaled to the iteration time.
+	var durSum float64
+	for _, op := range it.Ops {
+		durSum += op.DurUS
+	}
+	for _, g := range layer.Layers(it.Ops, n) {
+		pg := profileGroup{
+			Phase: g.Phase.String(), FirstOp: it.Ops[g.First].Seq, LastOp: it.Ops[g.Last].Seq, Ops: g.Len(),
+		}
+		var dur float64
+		for i := g.First; i <= g.Last; i++ {
+			pg.EstimatedMS += est[i] / 1000
+			dur += it.Ops[i].DurUS
+			pg.PeakBytes = max(pg.PeakBytes, m.Curve[i])
+		}
+		if durSum > 0 {
+			pg.MeasuredMS = dur / durSum * it.TimeMS
+		}
+		rep.Groups = append(rep.Groups, pg)
+	}
+	return rep
+}
+
+func writeProfileTable(w io.Writer, r profileReport) {
+	const gib = float64(1 << 30)
+	fmt.Fprintf(w, "trace %s  iteration %d  %d ops  %.3f ms\n", r.Trace, r.Iter, r.Ops, r.IterationMS)
+	fmt.Fprintf(w, "peak: recorded %.3f GiB, model %.3f GiB", float64(r.PeakBytesRecorded)/gib, float64(r.PeakBytesModel)/gib)
+	if r.PeakBytesRecorded > 0 {
+		fmt.Fprintf(w, " (%+.2f%%)", 100*float64(r.PeakBytesModel-r.PeakBytesRecorded)/float64(r.PeakBytesRecorded))
+	}
+	fmt.Fprintf(w, "; worst op error %.2f%%\n\n", r.MaxOpErrorPct)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "group\tphase\tfirst\tlast\tops\test ms\tmeasured ms\tpeak GiB\t")
+	for i, g := range r.Groups {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t\n", i, g.Phase, g.FirstOp, g.LastOp, g.Ops, g.EstimatedMS, g.MeasuredMS, float64(g.PeakBytes)/gib)
+	}
+	tw.Flush()
+}

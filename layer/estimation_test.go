@@ -1,0 +1,230 @@
+package layer
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+var updateDoc = flag.Bool("update", false, "rewrite docs/estimation.md from the measured errors")
+
+// publicTraces are the recorded traces the estimation table covers.
+var publicTraces = []string{
+	"llama16-bf16", "llama7b-8l-bf16", "mixtral8-eager-bf16", "llama16-bf16-ckpt",
+	"llama16-bf16-dynseq", "llama16-fp16-scaler", "llama4-small",
+}
+
+// truthFor returns the per-op truth of iteration it (summing to its
+// TimeMS) and what it is. GPU-bound traces with a kernel file use the
+// kernel times; mixtral, host-bound, uses its measured per-op durations
+// whole (in a launch-bound step an op occupies the timeline for its launch
+// as much as for its kernel, which dur_us includes and kernel_us does not);
+// the rest use dur_us minus the sync floor.
+func truthFor(dir, name string, it *trace.Iteration) ([]float64, string) {
+	k, _ := trace.ReadKernelsFile(filepath.Join(dir, name+".kernels.json.gz"))
+	target := it.TimeMS * 1000
+	if k != nil && k.KernelMSTotal >= 0.8*k.IterationMS {
+		if kt := kernelsFor(k, it); kt != nil {
+			return scaleTo(kt, target), "kernel_us"
+		}
+	}
+	if k != nil {
+		return scaleTo(rawDur(it), target), "dur_us (host-bound)"
+	}
+	return scaleTo(durTruth(it), target), "dur_us - floor"
+}
+
+// profileFor picks the detailed profile the learned estimators may use for
+// iteration k: another iteration of the same trace with the same op count
+// (nearest first), its dur_us less the sync floor.
+func profileFor(tr *trace.Trace, k int) *trace.Iteration {
+	n := len(tr.Iterations[k].Ops)
+	for d := 1; d < len(tr.Iterations); d++ {
+		for _, j := range []int{k + d, k - d} {
+			if j >= 0 && j < len(tr.Iterations) && len(tr.Iterations[j].Ops) == n {
+				return tr.Iterations[j]
+			}
+		}
+	}
+	for j := range tr.Iterations {
+		if j != k {
+			return tr.Iterations[j]
+		}
+	}
+	return tr.Iterations[k]
+}
+
+type errRow struct {
+	trace, truth, grouping string
+	n, groups              int
+	mean, max              [3]float64 // OpCount, Tokens, CostModel
+}
+
+// measure computes the error table for one trace over all its iterations:
+// mean is the mean over iterations of the mean group error, max the worst
+// group of any iteration.
+func measure(t testing.TB, dir, name string) []errRow {
+	tr := loadTrace(t, filepath.Join(dir, name+".jsonl.gz"))
+	var rows []errRow
+	ns := []int{4, 8, 16, 32, 64}
+	idx := map[[2]int]int{}
+	cost := Default()
+	for k, it := range tr.Iterations {
+		truth, what := truthFor(dir, name, it)
+		prof := profileFor(tr, k)
+		tok := LearnTokens(prof, durTruth(prof))
+		est := [3][]float64{OpCount{}.Estimate(it), tok.Estimate(it), cost.Estimate(it)}
+		for gi, grouping := range []string{"uniform", "layers"} {
+			for _, n := range ns {
+				gs := Uniform(it.Ops, n)
+				if gi == 1 {
+					gs = Layers(it.Ops, n)
+				}
+				key := [2]int{gi, n}
+				r, ok := idx[key]
+				if !ok {
+					r = len(rows)
+					idx[key] = r
+					rows = append(rows, errRow{trace: name, truth: what, grouping: grouping, n: n, groups: len(gs)})
+				}
+				for e := range est {
+					m, x := groupErr(gs, est[e], truth)
+					rows[r].mean[e] += m / float64(len(tr.Iterations))
+					rows[r].max[e] = max(rows[r].max[e], x)
+				}
+			}
+		}
+	}
+	return rows
+}
+
+func TestEstimationTable(t *testing.T) {
+	dir := tracesDir()
+	if dir == "" {
+		t.Skip("no ../shared/traces")
+	}
+	var all []errRow
+	for _, name := range publicTraces {
+		if _, err := os.Stat(filepath.Join(dir, name+".jsonl.gz")); err != nil {
+			continue
+		}
+		all = append(all, measure(t, dir, name)...)
+	}
+	// Bounds on the default estimator against kernel truth: what was
+	// measured, plus a margin. Uniform cuts through layers leave a few big
+	// ops in small groups, which is where the cost model errs most.
+	bounds := map[string]float64{
+		"llama16-bf16/layers": 0.02, "llama16-bf16/uniform": 0.02, "llama16-bf16/uniform/32": 0.06,
+		"llama7b-8l-bf16/layers": 0.04, "llama7b-8l-bf16/uniform": 0.035,
+		"llama7b-8l-bf16/uniform/16": 0.06, "llama7b-8l-bf16/uniform/32": 0.09,
+	}
+	checked := 0
+	for _, r := range all {
+		if r.truth != "kernel_us" || r.n > 32 {
+			continue
+		}
+		limit, ok := bounds[fmt.Sprintf("%s/%s/%d", r.trace, r.grouping, r.n)]
+		if !ok {
+			limit, ok = bounds[r.trace+"/"+r.grouping]
+		}
+		if !ok {
+			continue
+		}
+		checked++
+		assert.Less(t, r.mean[2], limit, "%s %s N=%d: mean group error", r.trace, r.grouping, r.n)
+		// The default must beat the paper's op-count split everywhere here.
+		assert.Less(t, r.mean[2], r.mean[0], "%s %s N=%d: cost model vs op count", r.trace, r.grouping, r.n)
+	}
+	assert.Equal(t, 16, checked, "kernel-truth rows checked")
+	if *updateDoc {
+		writeDoc(t, all)
+	}
+	for _, r := range all {
+		t.Logf("%-20s %-7s N=%-2d g=%-3d opcount %5.1f%%/%5.1f%% tokens %5.1f%%/%5.1f%% cost %5.1f%%/%5.1f%%", r.trace, r.grouping, r.n, r.groups,
+			100*r.mean[0], 100*r.max[0], 100*r.mean[1], 100*r.max[1], 100*r.mean[2], 100*r.max[2])
+	}
+}
+
+func writeDoc(t *testing.T, rows []errRow) {
+	var b strings.Builder
+	b.WriteString(docHead)
+	b.WriteString("| trace | truth | grouping | N | groups | OpCount mean / max | learned tokens mean / max | cost model (default) mean / max |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %.1f%% / %.1f%% | %.1f%% / %.1f%% | %.1f%% / %.1f%% |\n",
+			r.trace, r.truth, r.grouping, r.n, r.groups, 100*r.mean[0], 100*r.max[0], 100*r.mean[1], 100*r.max[1], 100*r.mean[2], 100*r.max[2])
+	}
+	b.WriteString(docTail)
+	path := repoFile(t, "docs/estimation.md")
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
+}
+
+const docHead = `# Group time estimation: measured error
+
+Generated by ` + "`go test ./layer -run TestEstimationTable -update`" + ` from the traces in
+../shared/traces. Each row is one trace, all its iterations: "mean" is the mean over
+iterations of the mean relative error of the groups' times, "max" the worst group of any
+iteration. Groups: "uniform" is the paper's cut (N groups of equal op counts in forward and in
+backward, the optimizer one group); "layers" cuts only at discovered layer boundaries
+(layer.Layers), so N above the layer count gives one group per layer plus prologue and
+epilogue.
+
+Estimators (all scaled to the iteration's measured time):
+- OpCount: the paper, T_iter / N_ops per op.
+- learned tokens: mean time per op token learned from another iteration of the same trace
+  (its dur_us less the sync floor), applied to this one.
+- cost model (layer.Default): roofline per op from the tensors' shapes and sizes (GEMM and
+  attention FLOPs, bytes of the storages read and written), H200 constants, and per-kind and
+  per-token efficiencies fitted once on the kernel times of llama16-bf16
+  (llama16-bf16.kernels.json.gz). For llama16-bf16 itself the rows are therefore in-sample;
+  every other trace is out of sample.
+
+Truth per trace:
+- kernel_us (llama16-bf16, llama7b-8l-bf16): each op's GPU kernel time from the kernels file,
+  scaled to the iteration time. These runs are GPU-bound (kernel time 112 of 116 ms and 196 of
+  197 ms), so the kernel timeline is the real one. This is the truth the under-2% goal is
+  measured against.
+- dur_us (host-bound), mixtral8-eager-bf16: its kernels cover 43 of 288 ms, so kernel time is
+  not its timeline; in a launch-bound step each op holds the timeline for its launch and host
+  work as much as for its kernel. The per-op dur_us (which includes launch, kernel and a sync)
+  scaled to the iteration time is the closest measurement, and it is a weak one: the sync it
+  adds is not in the real step.
+- dur_us - floor (the other traces): dur_us less the median duration of kernel-less ops (the
+  launch-and-sync floor, ~15-20 us), scaled. This is a poor proxy: on llama16-bf16, where both
+  exist, this truth itself is 25% (mean group error) away from the kernel truth at N = 4-16,
+  so errors in these rows mostly measure the proxy, not the estimator.
+
+`
+
+const docTail = `
+## Where it fails, and why
+
+- Kernel truth, N <= 32: the cost model stays at 1.2-1.4% mean on llama16-bf16 (in sample)
+  with discovered layers, and 2.4-3.3% on llama7b-8l-bf16 (out of sample: the efficiencies
+  learned on llama16 carry over to hidden 4096 / sequence 4096, but attention and the strided
+  copies (cat, clone, slice_backward) reach different shares of the roofline at the larger
+  shape). Uniform groups at N = 32-64 cut layers into pieces of a few ops, where one
+  misestimated op is the whole group: mean 5-9%, max up to 80% on tiny groups.
+- The max column is dominated by the smallest groups: the epilogue of backward (embedding
+  backward, 2 ops), the prologue, the optimizer step. Their absolute error is a few hundred
+  microseconds.
+- mixtral8-eager-bf16 is host-bound: no estimator built from device costs can know how long
+  the host takes per op (nonzero and .item() syncs in the expert loop). The cost model sees
+  that its device time explains under 70% of the step and spreads the rest as a per-op launch
+  time, which is still 26-38% off the dur_us truth; learned tokens do best there (17-23%)
+  because they learn the host cost per op kind.
+- The dur_us-floor rows (ckpt, dynseq, fp16-scaler, llama4-small) should be read with the
+  proxy's own 25% error in mind; the per-token estimator, learned from the same proxy on a
+  neighbouring iteration, is favoured by it.
+- Not done: calibration from dur_us when no kernel file exists, fp16 GEMM efficiencies from a
+  fp16 profile, and a host-time model for launch-bound steps.
+`
