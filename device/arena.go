@@ -1,0 +1,303 @@
+package device
+
+import (
+	"cmp"
+	"slices"
+)
+
+// arena manages blocks inside segments of one address space (device or host).
+// It is the shared core of Allocator and HostPool and is not safe for
+// concurrent use: its owners hold a mutex.
+//
+// Free blocks sit in one slice sorted by (size, addr), so best fit is a binary
+// search and the largest free block is the last element. Blocks of a segment
+// form an address-ordered list so that freeing coalesces with both
+// neighbours. Block structs and their pending slices are recycled, which
+// keeps steady-state allocation and free off the Go heap.
+type arena struct {
+	align int64
+	free  []*block
+	used  map[uintptr]*block
+	spare []*block
+	segs  []segment
+
+	reserved, allocated, peak int64
+	// onRef counts references to pool-owned events, so that an event is
+	// recorded again only once no free block refers to it.
+	onRef func(idx int32, delta int)
+}
+
+type segment struct {
+	addr uintptr
+	size int64
+}
+
+type block struct {
+	addr       uintptr
+	size       int64
+	seg        int
+	prev, next *block
+	free       bool
+	// pending lists events whose captured work may still use the block's
+	// memory; the next user must make its stream wait for them.
+	pending []pend
+}
+
+// pend is one event guarding a free block, with the stream it was recorded
+// on: a later user on that same stream needs no wait at all, because the
+// stream runs in order. Events recorded by the pool itself (FreeOn) also have
+// a known order, so a later one on a stream replaces an earlier one. A
+// caller's events (FreeAfter) are only deduplicated: the pool cannot know the
+// order in which they were recorded.
+type pend struct {
+	ev    Event
+	s     Stream
+	seq   uint64
+	owned int32 // index into the pool's events, -1 for a caller's event
+}
+
+func (p pend) known() bool { return p.owned >= 0 }
+
+// maxPending bounds a block's pending list before the arena asks the device
+// which events already completed.
+const maxPending = 8
+
+func newArena(align int64) arena {
+	return arena{align: align, used: make(map[uintptr]*block)}
+}
+
+func (a *arena) roundUp(n int64) int64 {
+	return (n + a.align - 1) / a.align * a.align
+}
+
+func (a *arena) newBlock() *block {
+	if n := len(a.spare); n > 0 {
+		b := a.spare[n-1]
+		a.spare = a.spare[:n-1]
+		return b
+	}
+	return &block{}
+}
+
+func (a *arena) recycle(b *block) {
+	p := b.pending[:0]
+	*b = block{pending: p}
+	a.spare = append(a.spare, b)
+}
+
+// addSegment adds [addr, addr+size) as one free block and returns its index.
+func (a *arena) addSegment(addr uintptr, size int64) int {
+	a.segs = append(a.segs, segment{addr: addr, size: size})
+	b := a.newBlock()
+	b.addr, b.size, b.seg, b.free = addr, size, len(a.segs)-1, true
+	a.insertFree(b)
+	a.reserved += size
+	return b.seg
+}
+
+func freeCmp(x *block, size int64, addr uintptr) int {
+	if c := cmp.Compare(x.size, size); c != 0 {
+		return c
+	}
+	return cmp.Compare(x.addr, addr)
+}
+
+func (a *arena) insertFree(b *block) {
+	i, _ := slices.BinarySearchFunc(a.free, b, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
+	a.free = slices.Insert(a.free, i, b)
+}
+
+func (a *arena) removeFree(b *block) {
+	i, ok := slices.BinarySearchFunc(a.free, b, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
+	if !ok {
+		panic("device: arena free list out of sync")
+	}
+	a.free = slices.Delete(a.free, i, i+1)
+}
+
+// take returns the best-fitting free block of at least size bytes (size is
+// already rounded), split so that it is exactly size when the rest is worth
+// keeping. The remainder inherits the pending events: it is the same memory
+// that was freed behind them. nil means nothing fits.
+func (a *arena) take(size int64) *block {
+	i, _ := slices.BinarySearchFunc(a.free, size, func(x *block, s int64) int {
+		if x.size < s {
+			return -1
+		}
+		return 1
+	})
+	if i == len(a.free) {
+		return nil
+	}
+	b := a.free[i]
+	a.free = slices.Delete(a.free, i, i+1)
+	if rest := b.size - size; rest >= a.align {
+		r := a.newBlock()
+		r.addr, r.size, r.seg, r.free = b.addr+uintptr(size), rest, b.seg, true
+		r.pending = append(r.pending, b.pending...)
+		for _, e := range r.pending {
+			a.ref(e, 1)
+		}
+		r.prev, r.next = b, b.next
+		if b.next != nil {
+			b.next.prev = r
+		}
+		b.next = r
+		b.size = size
+		a.insertFree(r)
+	}
+	b.free = false
+	a.used[b.addr] = b
+	a.allocated += b.size
+	a.peak = max(a.peak, a.allocated)
+	return b
+}
+
+// give returns the used block at addr to the free list, guarded by e when
+// hasEv, and coalesces it with free neighbours. It reports false for an
+// address that is not a live block.
+func (a *arena) give(addr uintptr, e pend, hasEv bool) (*block, bool) {
+	b, ok := a.used[addr]
+	if !ok {
+		return nil, false
+	}
+	delete(a.used, addr)
+	a.allocated -= b.size
+	b.free = true
+	if hasEv {
+		b.pending = a.merge(b.pending, e)
+	}
+	if p := b.prev; p != nil && p.free {
+		a.removeFree(p)
+		p.size += b.size
+		p.pending = a.merge(p.pending, b.pending...)
+		b.pending = b.pending[:0]
+		p.next = b.next
+		if b.next != nil {
+			b.next.prev = p
+		}
+		a.recycle(b)
+		b = p
+	}
+	if n := b.next; n != nil && n.free {
+		a.removeFree(n)
+		b.size += n.size
+		b.pending = a.merge(b.pending, n.pending...)
+		n.pending = n.pending[:0]
+		b.next = n.next
+		if n.next != nil {
+			n.next.prev = b
+		}
+		a.recycle(n)
+	}
+	a.insertFree(b)
+	return b, true
+}
+
+// merge adds es to dst, which takes over their references. Of two events
+// the pool recorded on one stream only the later is kept; a caller's event
+// is kept once.
+func (a *arena) merge(dst []pend, es ...pend) []pend {
+next:
+	for _, e := range es {
+		for i, d := range dst {
+			switch {
+			case e.known() && d.known() && e.s == d.s:
+				if e.seq > d.seq {
+					dst[i] = e
+					a.ref(d, -1)
+				} else {
+					a.ref(e, -1)
+				}
+				continue next
+			case !e.known() && !d.known() && e.ev == d.ev:
+				continue next
+			}
+		}
+		dst = append(dst, e)
+	}
+	return dst
+}
+
+// ref adjusts the reference count of a pool-owned event.
+func (a *arena) ref(e pend, delta int) {
+	if e.owned >= 0 && a.onRef != nil {
+		a.onRef(e.owned, delta)
+	}
+}
+
+// release drops every pending event of b.
+func (a *arena) release(b *block) {
+	for _, e := range b.pending {
+		a.ref(e, -1)
+	}
+	clear(b.pending)
+	b.pending = b.pending[:0]
+}
+
+// prune drops caller events that done reports complete. Errors keep the
+// event: waiting on it later is always safe.
+func (a *arena) prune(b *block, done func(Event) (bool, error)) {
+	keep := b.pending[:0]
+	for _, e := range b.pending {
+		if !e.known() {
+			if ok, err := done(e.ev); err == nil && ok {
+				continue
+			}
+		}
+		keep = append(keep, e)
+	}
+	clear(b.pending[len(keep):])
+	b.pending = keep
+}
+
+func (a *arena) stats() Stats {
+	s := Stats{
+		Reserved:      a.reserved,
+		Allocated:     a.allocated,
+		PeakAllocated: a.peak,
+		Free:          a.reserved - a.allocated,
+		Segments:      len(a.segs),
+		FreeBlocks:    len(a.free),
+		InUse:         len(a.used),
+	}
+	if n := len(a.free); n > 0 {
+		s.LargestFree = a.free[n-1].size
+	}
+	if s.Free > 0 {
+		s.Fragmentation = 1 - float64(s.LargestFree)/float64(s.Free)
+	}
+	for _, b := range a.free {
+		if len(b.pending) > 0 {
+			s.PendingBlocks++
+		}
+	}
+	return s
+}
+
+// Stats describes an Allocator or HostPool.
+type Stats struct {
+	// Reserved is the memory obtained from the backend, in bytes.
+	Reserved int64
+	// Allocated is the memory in blocks handed out (rounded sizes).
+	Allocated int64
+	// PeakAllocated is the highest Allocated seen.
+	PeakAllocated int64
+	// Free is Reserved minus Allocated.
+	Free int64
+	// LargestFree is the size of the largest free block: the largest request
+	// that can succeed without growth.
+	LargestFree int64
+	// Fragmentation is 1 - LargestFree/Free (0 when nothing is free): the
+	// share of free memory that the largest request cannot use.
+	Fragmentation float64
+	// Segments counts backend allocations held.
+	Segments int
+	// FreeBlocks and InUse count blocks on each side.
+	FreeBlocks, InUse int
+	// PendingBlocks counts free blocks still guarded by events.
+	PendingBlocks int
+	// BackendAllocs counts calls to the backend's allocation function, which
+	// must stay flat on the hot path once the pool is warm.
+	BackendAllocs int64
+}

@@ -1,0 +1,142 @@
+package ascend
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/internal/dl"
+)
+
+// aclrtEventRecordedStatus values (acl_rt.h).
+const (
+	eventRecordedNotReady = 0 // ACL_EVENT_RECORDED_STATUS_NOT_READY
+	eventRecordedComplete = 1 // ACL_EVENT_RECORDED_STATUS_COMPLETE
+)
+
+type eventFuncs struct {
+	// aclError aclrtCreateEvent(aclrtEvent *event);
+	aclrtCreateEvent func(event *uintptr) int32
+	// aclError aclrtDestroyEvent(aclrtEvent event);
+	aclrtDestroyEvent func(event uintptr) int32
+	// aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
+	aclrtRecordEvent func(event, stream uintptr) int32
+	// aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *status);
+	aclrtQueryEventStatus func(event uintptr, status *int32) int32
+	// aclError aclrtSynchronizeEvent(aclrtEvent event);
+	aclrtSynchronizeEvent func(event uintptr) int32
+}
+
+func (f *eventFuncs) load(l *dl.Library) error {
+	err := l.Bind(
+		dl.Func{Ptr: &f.aclrtCreateEvent, Name: "aclrtCreateEvent"},
+		dl.Func{Ptr: &f.aclrtDestroyEvent, Name: "aclrtDestroyEvent"},
+		dl.Func{Ptr: &f.aclrtRecordEvent, Name: "aclrtRecordEvent"},
+		dl.Func{Ptr: &f.aclrtQueryEventStatus, Name: "aclrtQueryEventStatus"},
+		dl.Func{Ptr: &f.aclrtSynchronizeEvent, Name: "aclrtSynchronizeEvent"},
+	)
+	if err != nil {
+		return err
+	}
+	record, err := l.Sym("aclrtRecordEvent")
+	if err != nil {
+		return err
+	}
+	f.aclrtRecordEvent = func(event, stream uintptr) int32 { return fastCall(record, event, stream) }
+	return nil
+}
+
+// recorded reports whether ev was recorded at least once. AscendCL answers
+// NOT_READY for a never-recorded event; CUDA, and the device contract, say
+// complete.
+func (d *Device) recorded(ev device.Event) bool {
+	d.mu.Lock()
+	r := d.events[ev]
+	d.mu.Unlock()
+	return r != nil && r.Load()
+}
+
+// NewEvent implements device.Device with aclrtCreateEvent.
+func (d *Device) NewEvent() (device.Event, error) {
+	if err := d.enter("new event"); err != nil {
+		return 0, err
+	}
+	defer d.leave()
+	var e uintptr
+	if rc := d.api.aclrtCreateEvent(&e); rc != 0 {
+		return 0, fail("aclrtCreateEvent", rc)
+	}
+	d.mu.Lock()
+	d.events[device.Event(e)] = new(atomic.Bool)
+	d.mu.Unlock()
+	return device.Event(e), nil
+}
+
+// DestroyEvent implements device.Device.
+func (d *Device) DestroyEvent(ev device.Event) error {
+	if err := d.enter("destroy event"); err != nil {
+		return err
+	}
+	defer d.leave()
+	d.mu.Lock()
+	_, ok := d.events[ev]
+	delete(d.events, ev)
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("ascend: destroy event %#x: not created by this device: %w", uintptr(ev), device.ErrInvalidValue)
+	}
+	if rc := d.api.aclrtDestroyEvent(uintptr(ev)); rc != 0 {
+		return fmt.Errorf("ascend: destroy event %#x: %w", uintptr(ev), fail("aclrtDestroyEvent", rc))
+	}
+	return nil
+}
+
+// Record implements device.Device with aclrtRecordEvent.
+func (d *Device) Record(ev device.Event, s device.Stream) error {
+	if err := d.enter("record"); err != nil {
+		return err
+	}
+	defer d.leave()
+	d.mu.Lock()
+	r := d.events[ev]
+	d.mu.Unlock()
+	if r == nil {
+		return fmt.Errorf("ascend: record event %#x: not created by this device: %w", uintptr(ev), device.ErrInvalidValue)
+	}
+	if rc := d.api.aclrtRecordEvent(uintptr(ev), uintptr(s)); rc != 0 {
+		return fmt.Errorf("ascend: record event %#x on stream %#x: %w", uintptr(ev), uintptr(s), fail("aclrtRecordEvent", rc))
+	}
+	r.Store(true)
+	return nil
+}
+
+// Query implements device.Device with aclrtQueryEventStatus.
+func (d *Device) Query(ev device.Event) (bool, error) {
+	if err := d.enter("query"); err != nil {
+		return false, err
+	}
+	defer d.leave()
+	if !d.recorded(ev) {
+		return true, nil
+	}
+	var st int32
+	if rc := d.api.aclrtQueryEventStatus(uintptr(ev), &st); rc != 0 {
+		return false, fmt.Errorf("ascend: query event %#x: %w", uintptr(ev), fail("aclrtQueryEventStatus", rc))
+	}
+	return st == eventRecordedComplete, nil
+}
+
+// SyncEvent implements device.Device with aclrtSynchronizeEvent.
+func (d *Device) SyncEvent(ev device.Event) error {
+	if err := d.enter("sync event"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if !d.recorded(ev) {
+		return nil
+	}
+	if rc := d.api.aclrtSynchronizeEvent(uintptr(ev)); rc != 0 {
+		return fmt.Errorf("ascend: sync event %#x: %w", uintptr(ev), fail("aclrtSynchronizeEvent", rc))
+	}
+	return nil
+}

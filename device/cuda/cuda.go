@@ -1,0 +1,229 @@
+// Package cuda implements device.Device over the CUDA runtime (libcudart),
+// loaded at run time through purego: no cgo, so a CGO_ENABLED=0 binary runs
+// on any machine and finds the GPU's runtime when it starts.
+//
+// The library is looked up in this order: WithLibrary, the CHAMELEON_CUDART
+// environment variable, then libcudart.so, libcudart.so.13, libcudart.so.12
+// on the loader path and the same names in /usr/local/cuda/lib64. The first
+// that loads wins; if none does, the error wraps device.ErrLibraryNotFound
+// and names every place tried with the loader's reason.
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/internal/dl"
+)
+
+// EnvLibrary names the environment variable that points at libcudart.
+const EnvLibrary = "CHAMELEON_CUDART"
+
+// defaultPaths are tried after the option and the environment variable.
+var defaultPaths = []string{
+	"libcudart.so",
+	"libcudart.so.13",
+	"libcudart.so.12",
+	"/usr/local/cuda/lib64/libcudart.so",
+	"/usr/local/cuda/lib64/libcudart.so.13",
+	"/usr/local/cuda/lib64/libcudart.so.12",
+}
+
+// Option configures New.
+type Option interface{ apply(*config) }
+
+type config struct {
+	library string
+	ordinal int
+	stream  device.Stream
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithLibrary tries path first, before CHAMELEON_CUDART and the well-known
+// names. An empty path is ignored.
+func WithLibrary(path string) Option {
+	return optionFunc(func(c *config) {
+		if path != "" {
+			c.library = path
+		}
+	})
+}
+
+// WithDevice selects the GPU by ordinal (default 0).
+func WithDevice(ordinal int) Option {
+	return optionFunc(func(c *config) { c.ordinal = ordinal })
+}
+
+// WithStream makes s, a cudaStream_t owned by the caller (the stream the
+// host's kernels run on), the device's DefaultStream. The default is the
+// legacy default stream, 0.
+func WithStream(s device.Stream) Option {
+	return optionFunc(func(c *config) { c.stream = s })
+}
+
+// api is one loaded runtime: every bound function, grouped by API area.
+type api struct {
+	memoryFuncs
+	streamFuncs
+	eventFuncs
+	deviceFuncs
+	path string
+}
+
+var (
+	apisMu sync.Mutex
+	apis   = map[*dl.Library]*api{}
+)
+
+func candidates(opt, env string) []string {
+	var c []string
+	if opt != "" {
+		c = append(c, opt)
+	}
+	if env != "" {
+		c = append(c, env)
+	}
+	return append(c, defaultPaths...)
+}
+
+// load opens the first candidate that loads and binds every symbol.
+func load(paths []string) (*api, error) {
+	lib, err := dl.Open(paths, device.ErrLibraryNotFound)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	apisMu.Lock()
+	defer apisMu.Unlock()
+	if a, ok := apis[lib]; ok {
+		return a, nil
+	}
+	a := &api{path: lib.Path}
+	for _, f := range []interface{ load(*dl.Library) error }{&a.memoryFuncs, &a.streamFuncs, &a.eventFuncs, &a.deviceFuncs} {
+		if err := f.load(lib); err != nil {
+			return nil, fmt.Errorf("cuda: bind %s: %w", lib.Path, err)
+		}
+	}
+	if a.cudaGetErrorName != nil {
+		fn := a.cudaGetErrorName
+		libName.Store(&fn)
+	}
+	apis[lib] = a
+	return a, nil
+}
+
+// Device is one GPU. Create it with New.
+type Device struct {
+	api     *api
+	ordinal int
+	name    string
+	compute device.Stream
+	closed  atomic.Bool
+
+	mu      sync.Mutex
+	streams map[device.Stream]struct{}
+	events  map[device.Event]struct{}
+}
+
+var _ device.Device = (*Device)(nil)
+
+// New loads the runtime and selects the device.
+func New(opts ...Option) (*Device, error) {
+	cfg := config{}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	a, err := load(candidates(cfg.library, os.Getenv(EnvLibrary)))
+	if err != nil {
+		return nil, err
+	}
+	var n int32
+	if rc := a.cudaGetDeviceCount(&n); rc != 0 {
+		return nil, fmt.Errorf("cuda: %s: %w", a.path, fail("cudaGetDeviceCount", rc))
+	}
+	if cfg.ordinal < 0 || cfg.ordinal >= int(n) {
+		return nil, fmt.Errorf("cuda: device %d of %d: %w", cfg.ordinal, n, device.ErrInvalidValue)
+	}
+	if rc := a.cudaSetDevice(int32(cfg.ordinal)); rc != 0 {
+		return nil, fmt.Errorf("cuda: device %d: %w", cfg.ordinal, fail("cudaSetDevice", rc))
+	}
+	d := &Device{
+		api:     a,
+		ordinal: cfg.ordinal,
+		compute: cfg.stream,
+		streams: make(map[device.Stream]struct{}),
+		events:  make(map[device.Event]struct{}),
+	}
+	d.name = fmt.Sprintf("cuda:%d", cfg.ordinal)
+	if n := a.deviceName(cfg.ordinal); n != "" {
+		d.name = fmt.Sprintf("%s (cuda:%d)", n, cfg.ordinal)
+	}
+	return d, nil
+}
+
+// Library returns the path of the loaded runtime.
+func (d *Device) Library() string { return d.api.path }
+
+// Name implements device.Device.
+func (d *Device) Name() string { return d.name }
+
+// enter checks that d is open and, for any GPU but 0, makes it current on
+// this goroutine's OS thread until leave. The CUDA runtime keeps the current
+// device per thread and goroutines move between threads; device 0 is every
+// thread's default, so the common case costs nothing.
+func (d *Device) enter(what string) error {
+	if d.closed.Load() {
+		return fmt.Errorf("cuda: %s: %w", what, device.ErrClosed)
+	}
+	if d.ordinal == 0 {
+		return nil
+	}
+	runtime.LockOSThread()
+	if rc := d.api.cudaSetDevice(int32(d.ordinal)); rc != 0 {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("cuda: %s: device %d: %w", what, d.ordinal, fail("cudaSetDevice", rc))
+	}
+	return nil
+}
+
+func (d *Device) leave() {
+	if d.ordinal != 0 {
+		runtime.UnlockOSThread()
+	}
+}
+
+// Close destroys the streams and events made by d. Memory is not freed: the
+// allocator and pool that own it free it in their own Close.
+func (d *Device) Close() error {
+	if err := d.enter("close"); err != nil {
+		return nil
+	}
+	defer d.leave()
+	if !d.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var first error
+	for s := range d.streams {
+		if rc := d.api.cudaStreamDestroy(uintptr(s)); rc != 0 && first == nil {
+			first = fmt.Errorf("cuda: close: %w", fail("cudaStreamDestroy", rc))
+		}
+	}
+	for e := range d.events {
+		if rc := d.api.cudaEventDestroy(uintptr(e)); rc != 0 && first == nil {
+			first = fmt.Errorf("cuda: close: %w", fail("cudaEventDestroy", rc))
+		}
+	}
+	clear(d.streams)
+	clear(d.events)
+	return first
+}

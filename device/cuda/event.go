@@ -1,0 +1,125 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/internal/dl"
+)
+
+// cudaEventDisableTiming: swap events only order work; timing makes
+// recording more expensive.
+const eventDisableTiming = 0x02
+
+type eventFuncs struct {
+	// cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+	cudaEventCreateWithFlags func(event *uintptr, flags uint32) int32
+	// cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+	cudaEventRecord func(event, stream uintptr) int32
+	// cudaError_t cudaEventQuery(cudaEvent_t event);
+	cudaEventQuery func(event uintptr) int32
+	// cudaError_t cudaEventSynchronize(cudaEvent_t event);
+	cudaEventSynchronize func(event uintptr) int32
+	// cudaError_t cudaEventDestroy(cudaEvent_t event);
+	cudaEventDestroy func(event uintptr) int32
+}
+
+func (f *eventFuncs) load(l *dl.Library) error {
+	err := l.Bind(
+		dl.Func{Ptr: &f.cudaEventCreateWithFlags, Name: "cudaEventCreateWithFlags"},
+		dl.Func{Ptr: &f.cudaEventRecord, Name: "cudaEventRecord"},
+		dl.Func{Ptr: &f.cudaEventQuery, Name: "cudaEventQuery"},
+		dl.Func{Ptr: &f.cudaEventSynchronize, Name: "cudaEventSynchronize"},
+		dl.Func{Ptr: &f.cudaEventDestroy, Name: "cudaEventDestroy"},
+	)
+	if err != nil {
+		return err
+	}
+	record, err := l.Sym("cudaEventRecord")
+	if err != nil {
+		return err
+	}
+	query, err := l.Sym("cudaEventQuery")
+	if err != nil {
+		return err
+	}
+	f.cudaEventRecord = func(event, stream uintptr) int32 { return fastCall(record, event, stream) }
+	f.cudaEventQuery = func(event uintptr) int32 { return fastCall(query, event) }
+	return nil
+}
+
+// NewEvent implements device.Device with cudaEventDisableTiming.
+func (d *Device) NewEvent() (device.Event, error) {
+	if err := d.enter("new event"); err != nil {
+		return 0, err
+	}
+	defer d.leave()
+	var e uintptr
+	if rc := d.api.cudaEventCreateWithFlags(&e, eventDisableTiming); rc != 0 {
+		return 0, fail("cudaEventCreateWithFlags", rc)
+	}
+	d.mu.Lock()
+	d.events[device.Event(e)] = struct{}{}
+	d.mu.Unlock()
+	return device.Event(e), nil
+}
+
+// DestroyEvent implements device.Device.
+func (d *Device) DestroyEvent(ev device.Event) error {
+	if err := d.enter("destroy event"); err != nil {
+		return err
+	}
+	defer d.leave()
+	d.mu.Lock()
+	_, ok := d.events[ev]
+	delete(d.events, ev)
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("cuda: destroy event %#x: not created by this device: %w", uintptr(ev), device.ErrInvalidValue)
+	}
+	if rc := d.api.cudaEventDestroy(uintptr(ev)); rc != 0 {
+		return fmt.Errorf("cuda: destroy event %#x: %w", uintptr(ev), fail("cudaEventDestroy", rc))
+	}
+	return nil
+}
+
+// Record implements device.Device with cudaEventRecord.
+func (d *Device) Record(ev device.Event, s device.Stream) error {
+	if err := d.enter("record"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if rc := d.api.cudaEventRecord(uintptr(ev), uintptr(s)); rc != 0 {
+		return fmt.Errorf("cuda: record event %#x on stream %#x: %w", uintptr(ev), uintptr(s), fail("cudaEventRecord", rc))
+	}
+	return nil
+}
+
+// Query implements device.Device with cudaEventQuery; cudaErrorNotReady is
+// the "not done" answer, not an error.
+func (d *Device) Query(ev device.Event) (bool, error) {
+	if err := d.enter("query"); err != nil {
+		return false, err
+	}
+	defer d.leave()
+	switch rc := d.api.cudaEventQuery(uintptr(ev)); Error(rc) {
+	case 0:
+		return true, nil
+	case ErrorNotReady:
+		return false, nil
+	default:
+		return false, fmt.Errorf("cuda: query event %#x: %w", uintptr(ev), fail("cudaEventQuery", rc))
+	}
+}
+
+// SyncEvent implements device.Device with cudaEventSynchronize.
+func (d *Device) SyncEvent(ev device.Event) error {
+	if err := d.enter("sync event"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if rc := d.api.cudaEventSynchronize(uintptr(ev)); rc != 0 {
+		return fmt.Errorf("cuda: sync event %#x: %w", uintptr(ev), fail("cudaEventSynchronize", rc))
+	}
+	return nil
+}

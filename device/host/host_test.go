@@ -1,0 +1,120 @@
+package host_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/devicetest"
+	"github.com/chameleon-go/chameleon/device/host"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestConformance runs the suite with a slow link (D2H slower than H2D), so
+// that missing FIFO order or a missing event wait changes the bytes seen.
+func TestConformance(t *testing.T) {
+	devicetest.Run(t, func(t *testing.T) device.Device {
+		d, err := host.New(256<<20, host.WithBandwidth(8e9, 2e9))
+		require.NoError(t, err)
+		return d
+	})
+}
+
+func TestLinkModel(t *testing.T) {
+	var mu sync.Mutex
+	var slept []time.Duration
+	d, err := host.New(64<<20,
+		host.WithBandwidth(1e9, 0.5e9),
+		host.WithSleep(func(d time.Duration) {
+			mu.Lock()
+			slept = append(slept, d)
+			mu.Unlock()
+		}))
+	require.NoError(t, err)
+	defer d.Close()
+	p, err := d.Alloc(1 << 20)
+	require.NoError(t, err)
+	h, err := d.AllocHost(1 << 20)
+	require.NoError(t, err)
+	require.NoError(t, d.CopyH2D(p, h, 0))
+	require.NoError(t, d.CopyD2H(h, p, 0))
+	require.NoError(t, d.CopyD2D(p, p, 1<<20, 0))
+	require.NoError(t, d.SyncStream(0))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []time.Duration{1048576 * time.Microsecond / 1000, 2097152 * time.Microsecond / 1000}, slept,
+		"1 MiB at 1 GB/s and at 0.5 GB/s; device-to-device copies do not use the link")
+}
+
+// TestLinkShared checks that two streams copying the same way share the
+// link: with real sleeps, two 2 ms copies take about 4 ms, not 2.
+func TestLinkShared(t *testing.T) {
+	d, err := host.New(64<<20, host.WithBandwidth(1e9, 1e9))
+	require.NoError(t, err)
+	defer d.Close()
+	s1, _ := d.NewStream()
+	s2, _ := d.NewStream()
+	p, _ := d.Alloc(4 << 20)
+	h1, _ := d.AllocHost(2e6)
+	h2, _ := d.AllocHost(2e6)
+	start := time.Now()
+	require.NoError(t, d.CopyH2D(p, h1, s1))
+	require.NoError(t, d.CopyH2D(p.Add(2e6), h2, s2))
+	require.NoError(t, d.SyncStream(s1))
+	require.NoError(t, d.SyncStream(s2))
+	assert.GreaterOrEqual(t, time.Since(start), 4*time.Millisecond)
+}
+
+func TestQueueDoesNotBlock(t *testing.T) {
+	release := make(chan struct{})
+	d, err := host.New(64<<20, host.WithBandwidth(1, 1), host.WithSleep(func(time.Duration) { <-release }))
+	require.NoError(t, err)
+	p, _ := d.Alloc(4096)
+	h, _ := d.AllocHost(4096)
+	ev, _ := d.NewEvent()
+	s, _ := d.NewStream()
+	require.NoError(t, d.CopyH2D(p, h, 0))
+	require.NoError(t, d.Record(ev, 0))
+	require.NoError(t, d.StreamWait(s, ev)) // returns although the copy is stuck
+	done, err := d.Query(ev)
+	require.NoError(t, err)
+	assert.False(t, done, "the copy before the record has not run")
+	close(release)
+	require.NoError(t, d.SyncStream(s))
+	done, err = d.Query(ev)
+	require.NoError(t, err)
+	assert.True(t, done)
+	require.NoError(t, d.Close())
+}
+
+func TestPeakAndClose(t *testing.T) {
+	d, err := host.New(10 << 20)
+	require.NoError(t, err)
+	a, err := d.Alloc(4 << 20)
+	require.NoError(t, err)
+	b, err := d.Alloc(4 << 20)
+	require.NoError(t, err)
+	_, err = d.Alloc(4 << 20)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
+	require.NoError(t, d.Free(a))
+	require.NoError(t, d.Free(b))
+	assert.Equal(t, int64(8<<20), d.PeakAllocated())
+	assert.Zero(t, d.Allocated())
+	err = d.CopyD2D(b, b, 1, 0)
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "freed memory is gone")
+	assert.ErrorIs(t, d.DestroyStream(0), device.ErrInvalidValue, "the default stream stays")
+
+	require.NoError(t, d.Close())
+	require.NoError(t, d.Close())
+	_, err = d.Alloc(1)
+	assert.ErrorIs(t, err, device.ErrClosed)
+	assert.ErrorIs(t, d.SyncStream(0), device.ErrClosed)
+	_, err = d.Query(1)
+	assert.ErrorIs(t, err, device.ErrClosed)
+}

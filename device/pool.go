@@ -1,0 +1,424 @@
+package device
+
+import (
+	"fmt"
+	"sync"
+)
+
+// MemOption configures an Allocator or a HostPool.
+type MemOption interface{ apply(*memConfig) }
+
+type memConfig struct {
+	align  int64
+	growth int64
+}
+
+type memOptionFunc func(*memConfig)
+
+func (f memOptionFunc) apply(c *memConfig) { f(c) }
+
+// WithGrowth lets a request that does not fit reserve a new segment of
+// max(request, segment) bytes from the backend. The default is no growth: a
+// swap path must not call cudaMalloc (~150 us) or cudaHostAlloc (tens of ms)
+// on the hot path, so a miss is an error the caller plans around. Values <= 0
+// are ignored.
+func WithGrowth(segment int64) MemOption {
+	return memOptionFunc(func(c *memConfig) {
+		if segment > 0 {
+			c.growth = segment
+		}
+	})
+}
+
+// WithAlignment sets the granularity of blocks (default 512 bytes, what
+// CUDA's caching allocators use). It must be a power of two; other values are
+// ignored.
+func WithAlignment(n int64) MemOption {
+	return memOptionFunc(func(c *memConfig) {
+		if n > 0 && n&(n-1) == 0 {
+			c.align = n
+		}
+	})
+}
+
+func newMemConfig(opts []MemOption) memConfig {
+	c := memConfig{align: 512}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	return c
+}
+
+// pool is the stream-aware half shared by Allocator and HostPool: an arena
+// plus the event handling on reuse.
+type pool struct {
+	mu            sync.Mutex
+	dev           Device
+	cfg           memConfig
+	a             arena
+	closed        bool
+	backendAllocs int64
+
+	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
+	// that wait on them; free holds the indices no block refers to.
+	events []ownedEvent
+	free   []int32
+	seq    uint64
+}
+
+type ownedEvent struct {
+	ev   Event
+	refs int
+}
+
+func (p *pool) init(dev Device, opts []MemOption) {
+	p.dev = dev
+	p.cfg = newMemConfig(opts)
+	p.a = newArena(p.cfg.align)
+	p.a.onRef = func(idx int32, delta int) {
+		e := &p.events[idx]
+		e.refs += delta
+		if e.refs == 0 {
+			p.free = append(p.free, idx)
+		}
+	}
+}
+
+// record records a pool-owned event on s for a free.
+func (p *pool) record(s Stream) (pend, error) {
+	var idx int32
+	if n := len(p.free); n > 0 {
+		idx = p.free[n-1]
+		p.free = p.free[:n-1]
+	} else {
+		ev, err := p.dev.NewEvent()
+		if err != nil {
+			return pend{}, err
+		}
+		p.events = append(p.events, ownedEvent{ev: ev})
+		idx = int32(len(p.events) - 1)
+	}
+	if err := p.dev.Record(p.events[idx].ev, s); err != nil {
+		p.free = append(p.free, idx)
+		return pend{}, err
+	}
+	p.events[idx].refs = 1
+	p.seq++
+	return pend{ev: p.events[idx].ev, s: s, seq: p.seq, owned: idx}, nil
+}
+
+// putOn frees addr behind the work queued on s so far.
+func (p *pool) putOn(what string, addr uintptr, s Stream) error {
+	if p.closed {
+		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
+	}
+	if _, ok := p.a.used[addr]; !ok {
+		return fmt.Errorf("%s: free %#x: not an allocated block: %w", what, addr, ErrInvalidValue)
+	}
+	e, err := p.record(s)
+	if err != nil {
+		return fmt.Errorf("%s: free %#x on stream %#x: %w", what, addr, uintptr(s), err)
+	}
+	p.a.give(addr, e, true)
+	return nil
+}
+
+// destroyEvents releases the pool's events on Close.
+func (p *pool) destroyEvents() error {
+	var first error
+	for _, e := range p.events {
+		if err := p.dev.DestroyEvent(e.ev); err != nil && first == nil {
+			first = err
+		}
+	}
+	p.events, p.free = nil, nil
+	return first
+}
+
+// get takes a block of at least size bytes and makes s wait for its pending
+// events. grow reserves a segment when nothing fits and growth is enabled.
+// Called with p.mu held.
+func (p *pool) get(what string, size int64, s Stream, grow func(int64) error) (*block, error) {
+	if p.closed {
+		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrClosed)
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrInvalidValue)
+	}
+	need := p.a.roundUp(size)
+	b := p.a.take(need)
+	if b == nil && p.cfg.growth > 0 {
+		if err := grow(max(need, p.a.roundUp(p.cfg.growth))); err != nil {
+			return nil, fmt.Errorf("%s: alloc %d bytes: grow: %w", what, size, err)
+		}
+		b = p.a.take(need)
+	}
+	if b == nil {
+		st := p.a.stats()
+		return nil, fmt.Errorf("%s: alloc %d bytes: largest free block %d of %d free (reserved %d): %w",
+			what, size, st.LargestFree, st.Free, st.Reserved, ErrOutOfMemory)
+	}
+	for _, e := range b.pending {
+		if e.s == s {
+			continue // same stream: FIFO order already covers it
+		}
+		if err := p.dev.StreamWait(s, e.ev); err != nil {
+			// The waits already queued are harmless; the block goes back
+			// with its full pending list so that its next user waits again.
+			p.a.give(b.addr, pend{}, false)
+			return nil, fmt.Errorf("%s: alloc %d bytes: wait for pending free: %w", what, size, err)
+		}
+	}
+	p.a.release(b)
+	return b, nil
+}
+
+// put frees the block at addr, guarded by ev when hasEv.
+func (p *pool) put(what string, addr uintptr, ev Event, s Stream, hasEv bool) error {
+	if p.closed {
+		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
+	}
+	b, ok := p.a.give(addr, pend{ev: ev, s: s, owned: -1}, hasEv)
+	if !ok {
+		return fmt.Errorf("%s: free %#x: not an allocated block: %w", what, addr, ErrInvalidValue)
+	}
+	if len(b.pending) > maxPending {
+		p.a.prune(b, p.dev.Query)
+	}
+	return nil
+}
+
+func (p *pool) stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.a.stats()
+	s.BackendAllocs = p.backendAllocs
+	return s
+}
+
+// Allocator is a caching device allocator for the swap path. It reserves
+// segments from the backend up front (Reserve) and serves requests by best
+// fit inside them, splitting and coalescing blocks, so that the hot path
+// never calls the backend's allocator.
+//
+// It is stream-aware: FreeAfter returns a block whose memory is still used by
+// queued work (a swap-out copy) together with the event recorded behind that
+// work. Whoever reuses the memory first makes its own stream wait for the
+// event on the device (StreamWait), so neither side blocks the host.
+//
+// An Allocator is safe for concurrent use.
+type Allocator struct {
+	p    pool
+	segs []DevPtr
+}
+
+// NewAllocator returns an empty allocator over dev. Call Reserve before use.
+func NewAllocator(dev Device, opts ...MemOption) *Allocator {
+	a := &Allocator{}
+	a.p.init(dev, opts)
+	return a
+}
+
+// Reserve obtains one segment of size bytes from the backend.
+func (a *Allocator) Reserve(size int64) error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	if a.p.closed {
+		return fmt.Errorf("allocator: reserve %d bytes: %w", size, ErrClosed)
+	}
+	return a.reserve(a.p.a.roundUp(size))
+}
+
+func (a *Allocator) reserve(size int64) error {
+	if size <= 0 {
+		return fmt.Errorf("allocator: reserve %d bytes: %w", size, ErrInvalidValue)
+	}
+	a.p.backendAllocs++
+	ptr, err := a.p.dev.Alloc(size)
+	if err != nil {
+		return fmt.Errorf("allocator: reserve %d bytes: %w", size, err)
+	}
+	a.segs = append(a.segs, ptr)
+	a.p.a.addSegment(uintptr(ptr), size)
+	return nil
+}
+
+// Alloc returns size bytes of device memory (rounded up to the alignment)
+// for work queued on s. If the memory was freed behind pending work, s is
+// made to wait for that work first. A request that does not fit fails with
+// an error wrapping ErrOutOfMemory, unless growth is enabled.
+func (a *Allocator) Alloc(size int64, s Stream) (DevPtr, error) {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	b, err := a.p.get("allocator", size, s, a.reserve)
+	if err != nil {
+		return 0, err
+	}
+	return DevPtr(b.addr), nil
+}
+
+// Free returns memory that no queued work uses any more.
+func (a *Allocator) Free(ptr DevPtr) error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	return a.p.put("allocator", uintptr(ptr), 0, 0, false)
+}
+
+// FreeAfter returns memory that queued work still uses: ev must already be
+// recorded on stream s behind that work. A later user on s needs no wait (s
+// runs in order); a user on any other stream waits for ev on the device.
+//
+// The allocator keeps the handle, not a copy of the event: ev must not be
+// destroyed while a free block may still refer to it (keep events in a pool
+// for the allocator's lifetime), and may be recorded again only on s, which
+// merely makes the next user wait for later work.
+func (a *Allocator) FreeAfter(ptr DevPtr, ev Event, s Stream) error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	return a.p.put("allocator", uintptr(ptr), ev, s, true)
+}
+
+// FreeOn returns memory that work queued on s still uses. The allocator
+// records an event of its own on s behind that work. This is the cheaper
+// path: a later user on the same stream needs no wait, and frees on one
+// stream collapse to the latest event when blocks coalesce.
+func (a *Allocator) FreeOn(ptr DevPtr, s Stream) error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	return a.p.putOn("allocator", uintptr(ptr), s)
+}
+
+// Stats returns a snapshot of the allocator's counters.
+func (a *Allocator) Stats() Stats { return a.p.stats() }
+
+// Close returns every segment to the backend. Blocks still in use become
+// invalid. Pending frees are not waited for: the backend's Free (cudaFree)
+// synchronizes the device itself.
+func (a *Allocator) Close() error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	if a.p.closed {
+		return nil
+	}
+	a.p.closed = true
+	var first error
+	if err := a.p.destroyEvents(); err != nil {
+		first = fmt.Errorf("allocator: close: %w", err)
+	}
+	for _, s := range a.segs {
+		if err := a.p.dev.Free(s); err != nil && first == nil {
+			first = fmt.Errorf("allocator: close: %w", err)
+		}
+	}
+	a.segs = nil
+	return first
+}
+
+// HostPool is a pool of pinned host memory for swapped-out tensors. Slabs are
+// allocated up front with Reserve (cudaHostAlloc costs tens of milliseconds
+// per 64 MiB) and carved like the Allocator's segments, with the same
+// event-guarded reuse: a buffer given back with PutAfter behind a pending
+// copy is handed out again only with a device-side wait on that copy.
+//
+// The wait covers device work queued on the stream passed to Get. A caller
+// that touches Bytes() from the host must SyncEvent first.
+//
+// A HostPool is safe for concurrent use.
+type HostPool struct {
+	p     pool
+	slabs []HostBuf
+}
+
+// NewHostPool returns an empty pool over dev. Call Reserve before use.
+func NewHostPool(dev Device, opts ...MemOption) *HostPool {
+	h := &HostPool{}
+	h.p.init(dev, opts)
+	return h
+}
+
+// Reserve allocates one pinned slab of size bytes.
+func (h *HostPool) Reserve(size int64) error {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	if h.p.closed {
+		return fmt.Errorf("host pool: reserve %d bytes: %w", size, ErrClosed)
+	}
+	return h.reserve(h.p.a.roundUp(size))
+}
+
+func (h *HostPool) reserve(size int64) error {
+	if size <= 0 {
+		return fmt.Errorf("host pool: reserve %d bytes: %w", size, ErrInvalidValue)
+	}
+	h.p.backendAllocs++
+	buf, err := h.p.dev.AllocHost(size)
+	if err != nil {
+		return fmt.Errorf("host pool: reserve %d bytes: %w", size, err)
+	}
+	h.slabs = append(h.slabs, buf)
+	h.p.a.addSegment(uintptr(buf.Ptr()), size)
+	return nil
+}
+
+// Get returns a pinned buffer of exactly size bytes for copies queued on s.
+func (h *HostPool) Get(size int64, s Stream) (HostBuf, error) {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	b, err := h.p.get("host pool", size, s, h.reserve)
+	if err != nil {
+		return HostBuf{}, err
+	}
+	seg := h.p.a.segs[b.seg]
+	return h.slabs[b.seg].Slice(int64(b.addr-seg.addr), size), nil
+}
+
+// Put gives back a buffer from Get that no queued work uses.
+func (h *HostPool) Put(buf HostBuf) error {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	return h.p.put("host pool", uintptr(buf.Ptr()), 0, 0, false)
+}
+
+// PutAfter gives back a buffer that queued work still uses; ev must already
+// be recorded on s behind that work, with the rules of Allocator.FreeAfter.
+func (h *HostPool) PutAfter(buf HostBuf, ev Event, s Stream) error {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	return h.p.put("host pool", uintptr(buf.Ptr()), ev, s, true)
+}
+
+// PutOn gives back a buffer that work queued on s still uses, like
+// Allocator.FreeOn.
+func (h *HostPool) PutOn(buf HostBuf, s Stream) error {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	return h.p.putOn("host pool", uintptr(buf.Ptr()), s)
+}
+
+// Stats returns a snapshot of the pool's counters.
+func (h *HostPool) Stats() Stats { return h.p.stats() }
+
+// Close frees every slab. Callers must have synchronized the copies that use
+// the pool: unlike cudaFree, freeing pinned memory under a running copy is
+// not safe on every backend.
+func (h *HostPool) Close() error {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	if h.p.closed {
+		return nil
+	}
+	h.p.closed = true
+	var first error
+	if err := h.p.destroyEvents(); err != nil {
+		first = fmt.Errorf("host pool: close: %w", err)
+	}
+	for _, s := range h.slabs {
+		if err := h.p.dev.FreeHost(s); err != nil && first == nil {
+			first = fmt.Errorf("host pool: close: %w", err)
+		}
+	}
+	h.slabs = nil
+	return first
+}
