@@ -1,0 +1,67 @@
+package mre
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// benchInput loads iteration 1 of a public trace at pct of its recorded
+// peak, skipping when the traces are absent.
+func benchInput(b *testing.B, name string, pct float64) Input {
+	b.Helper()
+	path := "../../shared/traces/" + name
+	if _, err := os.Stat(path); err != nil {
+		b.Skipf("%s absent", path)
+	}
+	tr, err := trace.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	it := tr.Iterations[1]
+	m := memory.Build(it, memory.LiveOutFromTrace(tr, 1))
+	in := Input{Model: m, OpTimes: layer.OpCount{}.Estimate(it), Groups: layer.Uniform(it.Ops, 32)}
+	in.Curve = in.ResolveCurve()
+	var peak int64
+	for _, v := range in.Curve {
+		peak = max(peak, v)
+	}
+	in.Limit = int64(float64(peak) * pct)
+	return in
+}
+
+// BenchmarkPlanSimulate plans and simulates the 5687-op llama16-bf16-ckpt
+// iteration. At 70% of its peak no swap-only plan exists (the tensors in use
+// at the loss backward, parameters and optimizer state alone are ~92% of
+// the peak), so that case measures the path to ErrInfeasible; at 95% a
+// plan is found and simulated.
+func BenchmarkPlanSimulate(b *testing.B) {
+	b.Run("70pct", func(b *testing.B) { benchPlan(b, benchInput(b, "llama16-bf16-ckpt.jsonl.gz", 0.70)) })
+	b.Run("95pct", func(b *testing.B) { benchPlan(b, benchInput(b, "llama16-bf16-ckpt.jsonl.gz", 0.95)) })
+}
+
+// benchPlan reports overhead_pct -1 when the limit is infeasible.
+func benchPlan(b *testing.B, in Input) {
+	b.ReportAllocs()
+	overhead := -1.0
+	for b.Loop() {
+		p, err := Plan(in)
+		if err != nil && !errors.Is(err, ErrInfeasible) {
+			b.Fatal(err)
+		}
+		if err == nil {
+			overhead = p.Sim.OverheadPct()
+		}
+	}
+	b.ReportMetric(overhead, "overhead_pct")
+}
+
+// BenchmarkPlanSimulateLlama16 is the same on llama16-bf16 at 70%, where
+// a plan exists.
+func BenchmarkPlanSimulateLlama16(b *testing.B) {
+	benchPlan(b, benchInput(b, "llama16-bf16.jsonl.gz", 0.70))
+}

@@ -1,0 +1,86 @@
+package mre
+
+// Bound is the physical lower bound on the slowdown of any swap-only plan.
+type Bound struct {
+	// OverheadUS is the least added time; OverheadPct the same over the
+	// iteration's compute time.
+	OverheadUS, OverheadPct float64
+	// OutOp and InOp are the ops that set the two terms (-1 when a term is
+	// zero).
+	OutOp, InOp int
+}
+
+// LowerBound bounds the overhead of any swap-only plan that keeps curve
+// under limit, given op times d (microseconds) and the link's one-way rates
+// out and in (bytes per second, each direction alone: no plan copies
+// faster).
+//
+// Let S(t) be the start of op t on the stall-free timeline, T = sum d, and
+// X(t) = max(0, curve(t)-limit) the excess after op t. Swapped memory
+// counts as free only from the start of an op after its copy completed, so
+// X(t) bytes must have crossed out by the start of op t, which cannot be
+// before X(t)/out: op t starts at least
+//
+//	Dout(t) = X(t)/out - S(t)
+//
+// late. Those bytes are still off the device after op t, so their copies
+// back start no earlier than the end of op t and must complete before the
+// last op starts (every swapped tensor has a next use, at the latest the
+// last op, which waits for it): the iteration ends at least
+//
+//	Din(t) = X(t)/in - (S(n-1) - S(t+1))
+//
+// late. A delay before op t1 pushes every later op, so for t1 <= t2 both
+// add up:
+//
+//	bound = max over t1 <= t2 of max(0, Dout(t1)) + max(0, Din(t2)).
+//
+// It ignores that a tensor cannot leave before it is produced, queueing,
+// and link congestion (both directions at full rate), so real plans can
+// only be slower.
+func LowerBound(curve []int64, limit int64, d []float64, out, in float64) Bound {
+	n := len(curve)
+	b := Bound{OutOp: -1, InOp: -1}
+	if n == 0 || len(d) != n || out <= 0 || in <= 0 {
+		return b
+	}
+	start := make([]float64, n+1)
+	for t := range n {
+		start[t+1] = start[t] + d[t]
+	}
+	total := start[n]
+	// Suffix maximum of Din.
+	bestIn := make([]float64, n+1)
+	bestInOp := make([]int, n+1)
+	bestInOp[n] = -1
+	for t := n - 1; t >= 0; t-- {
+		bestIn[t], bestInOp[t] = bestIn[t+1], bestInOp[t+1]
+		x := curve[t] - limit
+		if x <= 0 {
+			continue
+		}
+		din := float64(x)/in*1e6 - (start[n-1] - start[t+1])
+		if din > bestIn[t] {
+			bestIn[t], bestInOp[t] = din, t
+		}
+	}
+	// Every point over the limit needs at least its own terms.
+	b.OverheadUS, b.InOp = bestIn[0], bestInOp[0]
+	for t := range n {
+		x := curve[t] - limit
+		if x <= 0 {
+			continue
+		}
+		dout := float64(x)/out*1e6 - start[t]
+		if dout <= 0 {
+			continue
+		}
+		if v := dout + bestIn[t]; v > b.OverheadUS {
+			b.OverheadUS, b.OutOp, b.InOp = v, t, bestInOp[t]
+		}
+	}
+	if total > 0 {
+		b.OverheadPct = b.OverheadUS / total * 100
+	}
+	return b
+}

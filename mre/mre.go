@@ -1,0 +1,521 @@
+// Package mre plans swaps: it finds the memory reduction list (MRL, every op
+// after which the memory curve exceeds the limit, with the bytes to cut
+// there), the candidate tensors that sit idle over those points, and selects
+// swaps among them until every point is satisfied, checking the policy on the
+// simulate timeline and adjusting it where the simulation shows a stall.
+//
+// It is pure: the iteration, its memory model and curve, op times and
+// logical layers go in; a plan (or an error wrapping ErrInfeasible) comes
+// out.
+package mre
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// ErrInfeasible is wrapped by the error Plan returns when no set of swaps
+// keeps the curve under the limit.
+var ErrInfeasible = errors.New("memory limit cannot be met by swapping")
+
+// InfeasibleError says where the limit cannot be met: at op Op, swapping
+// every tensor idle there (over its whole idle gap) still leaves Shortfall
+// bytes over Limit.
+type InfeasibleError struct {
+	Limit     int64
+	Op        int
+	Shortfall int64
+}
+
+func (e *InfeasibleError) Error() string {
+	return fmt.Sprintf("mre: %v: %d bytes over the limit of %d at op %d with every idle activation swapped",
+		ErrInfeasible, e.Shortfall, e.Limit, e.Op)
+}
+
+// Unwrap makes errors.Is(err, ErrInfeasible) hold.
+func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
+
+// Point is one entry of the memory reduction list: after op Op the curve is
+// Need bytes over the limit.
+type Point struct {
+	Op   int
+	Need int64
+}
+
+// MRL returns the memory reduction list of a curve under limit, in op order.
+func MRL(curve []int64, limit int64) []Point {
+	var out []Point
+	for t, v := range curve {
+		if v > limit {
+			out = append(out, Point{Op: t, Need: v - limit})
+		}
+	}
+	return out
+}
+
+// Candidate is one idle gap of one activation: it is used by op Out, then
+// by no op until op Use. Swapping it over the gap can relieve any point in
+// (Out, Use).
+type Candidate struct {
+	Tensor trace.TensorID
+	Bytes  int64
+	Out    int
+	Use    int
+}
+
+// Candidates lists the gaps of the model's activations (not parameters,
+// optimizer state or inputs, not live at entry) of at least minBytes whose
+// gap holds at least one op after which the curve is over limit. A tensor
+// with several gaps gives several candidates.
+func Candidates(m *memory.Model, curve []int64, limit, minBytes int64) []Candidate {
+	n := len(curve)
+	over := make([]int32, n+1) // prefix count of points over the limit
+	for t, v := range curve {
+		over[t+1] = over[t]
+		if v > limit {
+			over[t+1]++
+		}
+	}
+	var out []Candidate
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if lt.LiveIn || lt.Alloc < 0 || lt.Tensor.Kind != trace.KindActivation || lt.Bytes < minBytes || lt.Bytes == 0 {
+			continue
+		}
+		for u := 1; u < len(lt.Uses); u++ {
+			i, j := int(lt.Uses[u-1]), int(lt.Uses[u])
+			if j-i < 2 || j >= n || over[j]-over[i+1] == 0 {
+				continue
+			}
+			out = append(out, Candidate{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Out: i, Use: j})
+		}
+	}
+	return out
+}
+
+// Input is what Plan needs.
+type Input struct {
+	Model *memory.Model
+	// Curve is the allocated bytes after each op that the plan must keep
+	// under Limit. Nil: the recorded curve (op.Mem) when the iteration has
+	// one, else the model's curve.
+	Curve []int64
+	// OpTimes is each op's time in microseconds (a layer.Estimator's
+	// output, or measured kernel times).
+	OpTimes []float64
+	// Groups are the logical layers the swap-in trigger counts in; nil:
+	// each op is its own layer.
+	Groups []layer.Group
+	Limit  int64
+}
+
+// Policy is a checked swap plan.
+type Policy struct {
+	Limit int64
+	MRL   []Point
+	// Swaps, ordered by Out then Tensor.
+	Swaps []simulate.Swap
+	// Sim is the policy on the simulated timeline.
+	Sim *simulate.Result
+	// Curve is the curve the plan was made against.
+	Curve []int64
+	// Rounds is how many plan-simulate rounds ran.
+	Rounds int
+}
+
+// PeakBefore is the curve's peak without swaps.
+func (p *Policy) PeakBefore() int64 { return slices.Max(append([]int64{0}, p.Curve...)) }
+
+// ResolveCurve returns in.Curve or the default curve Plan uses.
+func (in Input) ResolveCurve() []int64 {
+	if in.Curve != nil {
+		return in.Curve
+	}
+	it := in.Model.Iter
+	if it != nil && it.HasMem() {
+		c := make([]int64, len(it.Ops))
+		for t := range it.Ops {
+			c[t] = it.Ops[t].Mem
+		}
+		return c
+	}
+	return in.Model.Curve
+}
+
+// cand is a candidate with its current timing.
+type cand struct {
+	Candidate
+	// Span [f, k) is where the swap frees memory.
+	f, k int
+	// Measured on the simulated timeline: from the end of op Out to the
+	// copy out being complete, and from the issue of the copy back to its
+	// completion (queueing included).
+	outDelay, inDelay float64
+	sel               bool
+}
+
+// planner holds the per-iteration state shared by the rounds.
+type planner struct {
+	cfg    config
+	n      int
+	curve  []int64
+	need   []int64 // curve - limit
+	times  []float64
+	start  []float64 // op start on the stall-free timeline
+	groups []layer.Group
+	gOf    []int
+	cands  []cand
+	rem    []int64 // need left after the current selection
+	unsat  []int32 // prefix count of rem > 0
+	nmre   int
+	maxB   int64
+}
+
+// Plan selects swaps that keep the curve under in.Limit (see package doc),
+// simulates them and adjusts the triggers until the simulation shows no
+// stall or the rounds run out, keeping the fastest valid policy. It returns
+// an error wrapping ErrInfeasible when no set of swaps meets the limit.
+//
+// Selection follows the paper's score N_MRE + C*S, where N_MRE is the
+// share of unsatisfied reduction points a swap covers and S its size over
+// the largest candidate's. A swap's memory counts as free only from the op
+// that starts after its copy out is complete (on the simulated timeline of
+// the previous round), and as taken again from its trigger, PrefetchLayers
+// logical layers before its next use or earlier if the copy back needs it.
+// When the timed spans cannot cover every point, spans are stretched
+// towards the whole idle gap: the plan then stays valid and the simulation
+// charges the wait it costs.
+func Plan(in Input, opts ...Option) (*Policy, error) {
+	cfg := newConfig(opts)
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if in.Model == nil {
+		return nil, fmt.Errorf("mre: nil memory model")
+	}
+	curve := in.ResolveCurve()
+	n := len(curve)
+	if len(in.OpTimes) != n {
+		return nil, fmt.Errorf("mre: %d op times for %d ops", len(in.OpTimes), n)
+	}
+	p := &planner{cfg: cfg, n: n, curve: curve, times: in.OpTimes, groups: in.Groups}
+	p.need = make([]int64, n)
+	for t, v := range curve {
+		p.need[t] = v - in.Limit
+		if p.need[t] > 0 {
+			p.nmre++
+		}
+	}
+	plan := &Policy{Limit: in.Limit, MRL: MRL(curve, in.Limit), Curve: curve}
+	if p.nmre == 0 {
+		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Link: cfg.link})
+		if err != nil {
+			return nil, err
+		}
+		plan.Sim = sim
+		return plan, nil
+	}
+	cs := Candidates(in.Model, curve, in.Limit, cfg.minBytes)
+	if err := feasible(n, p.need, cs, in.Limit); err != nil {
+		// Below the size threshold there may be enough small tensors.
+		cs = Candidates(in.Model, curve, in.Limit, 0)
+		if err := feasible(n, p.need, cs, in.Limit); err != nil {
+			return nil, err
+		}
+	}
+	p.init(cs)
+	var best *Policy
+	for round := 1; round <= cfg.rounds; round++ {
+		swaps := p.selectSwaps()
+		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: swaps, Link: cfg.link})
+		if err != nil {
+			return nil, fmt.Errorf("mre: round %d: %w", round, err)
+		}
+		if best == nil || sim.IterationUS < best.Sim.IterationUS {
+			best = &Policy{Limit: in.Limit, MRL: plan.MRL, Curve: curve, Swaps: swaps, Sim: sim}
+		}
+		best.Rounds = round
+		if sim.StallUS <= 1e-9 || !p.learn(swaps, sim) {
+			break
+		}
+	}
+	return best, nil
+}
+
+// feasible checks that swapping every candidate over its whole gap meets
+// the limit at every op.
+func feasible(n int, need []int64, cs []Candidate, limit int64) error {
+	delta := make([]int64, n+1)
+	for _, c := range cs {
+		delta[c.Out+1] += c.Bytes
+		delta[c.Use] -= c.Bytes
+	}
+	var cover int64
+	worst := &InfeasibleError{Limit: limit, Op: -1}
+	for t := range n {
+		cover += delta[t]
+		if short := need[t] - cover; short > 0 && short > worst.Shortfall {
+			worst.Op, worst.Shortfall = t, short
+		}
+	}
+	if worst.Op >= 0 {
+		return worst
+	}
+	return nil
+}
+
+func (p *planner) init(cs []Candidate) {
+	p.start = make([]float64, p.n+1)
+	for t, d := range p.times {
+		p.start[t+1] = p.start[t] + d
+	}
+	if len(p.groups) == 0 {
+		p.groups = make([]layer.Group, p.n)
+		for t := range p.n {
+			p.groups[t] = layer.Group{First: t, Last: t}
+		}
+	}
+	p.gOf = layer.GroupOf(p.groups, p.n)
+	p.cands = make([]cand, len(cs))
+	for x, c := range cs {
+		p.cands[x] = cand{Candidate: c}
+		p.maxB = max(p.maxB, c.Bytes)
+	}
+	p.rem = make([]int64, p.n)
+	p.unsat = make([]int32, p.n+1)
+}
+
+// timedSpan is where a candidate frees memory if its copies run as timed:
+// from the first op that starts after the copy out completes, to the
+// trigger of the copy back.
+func (p *planner) timedSpan(c *cand) (int, int) {
+	i, j := c.Out, c.Use
+	margin := 1 + p.cfg.margin
+	tOut := max(float64(c.Bytes)/p.cfg.link.D2H*1e6*margin, c.outDelay)
+	tIn := max(float64(c.Bytes)/p.cfg.link.H2D*1e6*margin, c.inDelay*margin)
+	// f: first op t > i with start[t] >= end of i + tOut.
+	ready := p.start[i+1] + tOut
+	f := i + 1 + sort.Search(j-i-1, func(x int) bool { return p.start[i+1+x] >= ready })
+	// k: the latest op whose start leaves tIn before op j starts, and no
+	// later than PrefetchLayers logical layers ahead of j.
+	latest := p.start[j] - tIn
+	kTime := sort.Search(j+1, func(x int) bool { return p.start[x] > latest }) - 1
+	g := max(p.gOf[j]-p.cfg.prefetch, 0)
+	kLayer := min(p.groups[g].First, j)
+	k := min(kTime, kLayer)
+	if k <= f || f >= j {
+		return f, f
+	}
+	return f, k
+}
+
+// selectSwaps runs the greedy selection with the current timings.
+func (p *planner) selectSwaps() []simulate.Swap {
+	copy(p.rem, p.need)
+	for x := range p.cands {
+		c := &p.cands[x]
+		c.sel = false
+		c.f, c.k = p.timedSpan(c)
+	}
+	// Phase 1: timed spans.
+	for p.refreshUnsat() > 0 {
+		bestX, bestScore := -1, 0.0
+		for x := range p.cands {
+			c := &p.cands[x]
+			if c.sel || c.k <= c.f {
+				continue
+			}
+			cnt := p.unsat[c.k] - p.unsat[c.f]
+			if cnt == 0 {
+				continue
+			}
+			if s := p.score(int(cnt), c.Bytes); s > bestScore {
+				bestX, bestScore = x, s
+			}
+		}
+		if bestX < 0 {
+			break
+		}
+		c := &p.cands[bestX]
+		c.sel = true
+		p.cover(c.f, c.k, c.Bytes)
+	}
+	// Phase 2: stretch spans over the whole gap where points are left.
+	for p.refreshUnsat() > 0 {
+		bestX, bestScore := -1, 0.0
+		for x := range p.cands {
+			c := &p.cands[x]
+			lo, hi := c.Out+1, c.Use
+			cnt := p.unsat[hi] - p.unsat[lo]
+			if c.sel || c.k > c.f {
+				cnt -= p.unsat[c.k] - p.unsat[c.f]
+			}
+			if cnt == 0 {
+				continue
+			}
+			if s := p.score(int(cnt), c.Bytes); s > bestScore {
+				bestX, bestScore = x, s
+			}
+		}
+		if bestX < 0 {
+			break // cannot happen once feasible() passed
+		}
+		c := &p.cands[bestX]
+		if !c.sel {
+			c.sel = true
+			if c.k > c.f {
+				p.cover(c.f, c.k, c.Bytes)
+			} else {
+				c.f, c.k = c.Use, c.Use // empty span at the far end
+			}
+		}
+		lo, hi := c.Out+1, c.Use
+		first, last := -1, -1
+		for t := lo; t < hi; t++ {
+			if (t < c.f || t >= c.k) && p.rem[t] > 0 {
+				if first < 0 {
+					first = t
+				}
+				last = t
+			}
+		}
+		nf, nk := c.f, c.k
+		if c.k <= c.f {
+			nf, nk = first, last+1
+		} else {
+			if first < c.f {
+				nf = first
+			}
+			if last >= c.k {
+				nk = last + 1
+			}
+		}
+		if c.k <= c.f {
+			p.cover(nf, nk, c.Bytes)
+		} else {
+			p.cover(nf, c.f, c.Bytes)
+			p.cover(c.k, nk, c.Bytes)
+		}
+		c.f, c.k = nf, nk
+	}
+	p.prune()
+	var swaps []simulate.Swap
+	for x := range p.cands {
+		c := &p.cands[x]
+		if c.sel {
+			swaps = append(swaps, simulate.Swap{Tensor: c.Tensor, Bytes: c.Bytes, Out: c.Out, Free: c.f, In: c.k, Use: c.Use})
+		}
+	}
+	slices.SortFunc(swaps, func(a, b simulate.Swap) int {
+		if a.Out != b.Out {
+			return a.Out - b.Out
+		}
+		return int(a.Tensor - b.Tensor)
+	})
+	return swaps
+}
+
+func (p *planner) score(cnt int, bytes int64) float64 {
+	return float64(cnt)/float64(p.nmre) + p.cfg.c*float64(bytes)/float64(p.maxB)
+}
+
+// refreshUnsat rebuilds the prefix count of unsatisfied points and returns
+// their number.
+func (p *planner) refreshUnsat() int32 {
+	for t, r := range p.rem {
+		p.unsat[t+1] = p.unsat[t]
+		if r > 0 {
+			p.unsat[t+1]++
+		}
+	}
+	return p.unsat[p.n]
+}
+
+func (p *planner) cover(lo, hi int, b int64) {
+	for t := lo; t < hi; t++ {
+		p.rem[t] -= b
+	}
+}
+
+// prune drops selected swaps that the others make redundant (largest
+// first: they cost the most link time), then trims each span to where it
+// is needed, which leaves its copies more time.
+func (p *planner) prune() {
+	sel := make([]int, 0, 64)
+	for x := range p.cands {
+		if p.cands[x].sel {
+			sel = append(sel, x)
+		}
+	}
+	slices.SortFunc(sel, func(a, b int) int { return int(p.cands[b].Bytes - p.cands[a].Bytes) })
+	// rem < 0 is slack: bytes covered beyond the need.
+	for _, x := range sel {
+		c := &p.cands[x]
+		ok := true
+		for t := c.f; t < c.k; t++ {
+			if p.need[t] > 0 && p.rem[t]+c.Bytes > 0 {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			c.sel = false
+			p.cover(c.f, c.k, -c.Bytes)
+		}
+	}
+	for _, x := range sel {
+		c := &p.cands[x]
+		if !c.sel {
+			continue
+		}
+		needed := func(t int) bool { return p.need[t] > 0 && p.rem[t]+c.Bytes > 0 }
+		nf, nk := c.f, c.k
+		for nf < nk && !needed(nf) {
+			nf++
+		}
+		for nk > nf && !needed(nk-1) {
+			nk--
+		}
+		p.cover(c.f, nf, -c.Bytes)
+		p.cover(nk, c.k, -c.Bytes)
+		c.f, c.k = nf, nk
+	}
+}
+
+// learn folds the simulated copy times of this round's swaps into the
+// candidates' timings; it reports whether any timing grew.
+func (p *planner) learn(swaps []simulate.Swap, sim *simulate.Result) bool {
+	idx := make(map[[2]int64]int, len(p.cands))
+	for x := range p.cands {
+		c := &p.cands[x]
+		idx[[2]int64{int64(c.Tensor), int64(c.Out)}] = x
+	}
+	grew := false
+	for s, sw := range swaps {
+		x, ok := idx[[2]int64{int64(sw.Tensor), int64(sw.Out)}]
+		if !ok {
+			continue
+		}
+		c := &p.cands[x]
+		// Only copies that made compute wait teach anything: the others
+		// were on time.
+		if fo := sim.Ops[sw.Free]; fo.Stall > 0 && sim.Out[s].End >= fo.Start-1e-9 {
+			if d := sim.Out[s].End - sim.Ops[sw.Out].End; d > c.outDelay+1e-6 {
+				c.outDelay, grew = d, true
+			}
+		}
+		if uo := sim.Ops[sw.Use]; uo.Stall > 0 && sim.In[s].End >= uo.Start-1e-9 {
+			if d := sim.In[s].End - sim.In[s].Issue; d > c.inDelay+1e-6 {
+				c.inDelay, grew = d, true
+			}
+		}
+	}
+	return grew
+}

@@ -1,0 +1,421 @@
+// Package simulate plays a swap policy on a virtual timeline: one compute
+// stream running the iteration's ops back to back, and two copy engines (D2H
+// and H2D) sharing one host link. It is pure: op times, a memory curve and
+// the swaps go in; start and end times, stalls, the memory curve under the
+// policy and link figures come out.
+//
+// The semantics follow what an engine on a real device does:
+//   - A swap-out is queued on the D2H engine when its op Out ends on compute.
+//   - Its device memory is reused from the start of op Free, and op Free
+//     waits for the copy to be complete (the allocator makes the stream that
+//     reuses a block wait on the copy's event). Free < 0 means "whenever the
+//     copy is done": the memory counts as free from the first op that starts
+//     after it, with no wait (what a framework that frees behind an async copy
+//     does, e.g. the save_on_cpu baseline).
+//   - A swap-in is queued on the H2D engine at the start of op In, and its
+//     memory is taken again from then. Op Use waits for it.
+//   - Each engine runs one copy at a time; among the copies issued and not
+//     started it takes the one whose waiting op comes first (a host-side
+//     queue that feeds the copy stream in deadline order). Alone, a direction gets its full
+//     rate; while the other direction is busy, both run at their shared rates
+//     (the measured congestion of the H200 link). The rate of a copy in flight
+//     changes when the other direction starts or stops: the simulation is
+//     event-driven, not per op.
+//
+// Only the waits above delay compute: an op never waits for a copy it does
+// not depend on.
+package simulate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Link is the host link's bandwidth in bytes per second: each direction
+// alone and each direction while the other is busy.
+type Link struct {
+	D2H, H2D             float64
+	D2HShared, H2DShared float64
+}
+
+// H200 is the link measured on one NVIDIA H200 over PCIe Gen5 x16 with
+// pinned host memory: 55 GB/s each way alone, 48 (D2H) + 51 (H2D) GB/s when
+// both directions are busy.
+func H200() Link { return Link{D2H: 55e9, H2D: 55e9, D2HShared: 48e9, H2DShared: 51e9} }
+
+// Scaled returns the link with every rate scaled so that one direction
+// alone runs at bw bytes per second, keeping the measured congestion ratios.
+func (l Link) Scaled(bw float64) Link {
+	if l.D2H <= 0 || bw <= 0 {
+		return l
+	}
+	s := bw / l.D2H
+	return Link{D2H: bw, H2D: l.H2D * s, D2HShared: l.D2HShared * s, H2DShared: l.H2DShared * s}
+}
+
+func (l Link) validate() error {
+	if !(l.D2H > 0 && l.H2D > 0 && l.D2HShared > 0 && l.H2DShared > 0) {
+		return fmt.Errorf("simulate: link rates must be positive: %+v", l)
+	}
+	return nil
+}
+
+// Swap is one tensor moved to host memory and back over one idle gap.
+// Op numbers index the iteration's ops. The JSON names match the plan
+// report of cmd/chameleon.
+type Swap struct {
+	Tensor trace.TensorID `json:"tensor"`
+	Bytes  int64          `json:"bytes"`
+	// Out is the op after which the copy to the host starts (the tensor's
+	// last use before the gap).
+	Out int `json:"out_after_op"`
+	// Free is the op from whose start the device memory counts as free; it
+	// waits for the copy. Negative: free as soon as the copy is done.
+	Free int `json:"freed_at_op"`
+	// In is the op at whose start the copy back is issued and the device
+	// memory taken again.
+	In int `json:"in_issue_op"`
+	// Use is the next op that uses the tensor; it waits for the copy back.
+	Use int `json:"in_before_op"`
+}
+
+// ErrInvalid is wrapped by errors about malformed input.
+var ErrInvalid = errors.New("invalid simulation input")
+
+// Validate checks the ordering rules Out < Free <= In <= Use < nops (Free
+// may be negative: dynamic free).
+func (s Swap) Validate(nops int) error {
+	switch {
+	case s.Bytes < 0:
+		return fmt.Errorf("tensor %d: negative bytes: %w", s.Tensor, ErrInvalid)
+	case s.Out < 0 || s.Use >= nops || s.Out >= s.Use:
+		return fmt.Errorf("tensor %d: out %d, use %d outside [0,%d): %w", s.Tensor, s.Out, s.Use, nops, ErrInvalid)
+	case s.In <= s.Out || s.In > s.Use:
+		return fmt.Errorf("tensor %d: in %d not in (%d,%d]: %w", s.Tensor, s.In, s.Out, s.Use, ErrInvalid)
+	case s.Free >= 0 && (s.Free <= s.Out || s.Free > s.In):
+		return fmt.Errorf("tensor %d: free %d not in (%d,%d]: %w", s.Tensor, s.Free, s.Out, s.In, ErrInvalid)
+	}
+	return nil
+}
+
+// Input is what Run needs.
+type Input struct {
+	// OpTimes is each op's compute time in microseconds.
+	OpTimes []float64
+	// Curve is the allocated bytes after each op without any swap; nil
+	// leaves memory out of the result.
+	Curve []int64
+	Swaps []Swap
+	Link  Link
+}
+
+// OpStat is one op on the simulated timeline (microseconds from the start
+// of the iteration).
+type OpStat struct {
+	Start, End float64
+	// Stall is how long the op waited for copies after the previous op
+	// ended.
+	Stall float64
+	// Mem is the allocated bytes after the op: the input curve minus the
+	// bytes swapped out (copy complete, not yet brought back).
+	Mem int64
+}
+
+// Transfer is one copy on an engine.
+type Transfer struct {
+	Swap              int // index into Input.Swaps
+	Issue, Start, End float64
+}
+
+// Result is the simulated iteration.
+type Result struct {
+	Ops []OpStat
+	// Out and In are the copies of each swap, indexed like Input.Swaps.
+	Out, In []Transfer
+	// Freed is, per swap, the op from which its memory counted as free
+	// (Free itself unless it was dynamic).
+	Freed []int
+	// BaseUS is the sum of op times, IterationUS the simulated end.
+	BaseUS, IterationUS float64
+	StallUS             float64
+	// Peak is the largest Mem, PeakOp where.
+	Peak   int64
+	PeakOp int
+	// Bytes moved and engine busy time per direction.
+	BytesD2H, BytesH2D int64
+	BusyD2H, BusyH2D   float64
+}
+
+// OverheadPct is the simulated slowdown over the op times alone, in percent.
+func (r *Result) OverheadPct() float64 {
+	if r.BaseUS <= 0 {
+		return 0
+	}
+	return (r.IterationUS/r.BaseUS - 1) * 100
+}
+
+// UtilD2H is the share of the iteration the D2H engine was busy.
+func (r *Result) UtilD2H() float64 { return ratio(r.BusyD2H, r.IterationUS) }
+
+// UtilH2D is the share of the iteration the H2D engine was busy.
+func (r *Result) UtilH2D() float64 { return ratio(r.BusyH2D, r.IterationUS) }
+
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+// engine is one copy direction: a FIFO of transfers.
+type engine struct {
+	queue []int   // swap indices, in issue order
+	head  int     // next in queue to run
+	rem   float64 // bytes left of the running copy
+	busy  bool
+	cur   int
+	since float64 // when the running copy started (for busy time)
+}
+
+// Run simulates the input. It returns an error wrapping ErrInvalid when a
+// swap breaks the ordering rules or the op times are not finite and
+// non-negative.
+func Run(in Input) (*Result, error) {
+	n := len(in.OpTimes)
+	if err := in.Link.validate(); err != nil {
+		return nil, err
+	}
+	if in.Curve != nil && len(in.Curve) != n {
+		return nil, fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
+	}
+	for t, d := range in.OpTimes {
+		if !(d >= 0) || math.IsInf(d, 0) {
+			return nil, fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
+		}
+	}
+	for _, s := range in.Swaps {
+		if err := s.Validate(n); err != nil {
+			return nil, fmt.Errorf("simulate: %w", err)
+		}
+	}
+	r := &Result{
+		Ops:   make([]OpStat, n),
+		Out:   make([]Transfer, len(in.Swaps)),
+		In:    make([]Transfer, len(in.Swaps)),
+		Freed: make([]int, len(in.Swaps)),
+	}
+	// Per-op lists of swaps, by index: whose out starts after the op, whose
+	// in is issued at it, which the op waits for.
+	outAfter := bucket(n, in.Swaps, func(s Swap) int { return s.Out })
+	inAt := bucket(n, in.Swaps, func(s Swap) int { return s.In })
+	waitFree := bucket(n, in.Swaps, func(s Swap) int { return s.Free })
+	waitUse := bucket(n, in.Swaps, func(s Swap) int { return s.Use })
+	outDone := make([]bool, len(in.Swaps))
+	inDone := make([]bool, len(in.Swaps))
+	for k := range r.Out {
+		r.Out[k] = Transfer{Swap: k, Issue: math.NaN(), Start: math.NaN(), End: math.NaN()}
+		r.In[k] = r.Out[k]
+	}
+
+	// Rates in bytes per microsecond.
+	link := in.Link
+	var d2h, h2d engine
+	rates := func() (float64, float64) {
+		if d2h.busy && h2d.busy {
+			return link.D2HShared / 1e6, link.H2DShared / 1e6
+		}
+		return link.D2H / 1e6, link.H2D / 1e6
+	}
+	now := 0.0
+	// Each engine runs, among the copies issued and not started, the one
+	// whose op waits first (earliest deadline first): a copy that no op is
+	// waiting for yet never blocks one that is needed sooner.
+	outDeadline := func(k int) int {
+		if f := in.Swaps[k].Free; f >= 0 {
+			return f
+		}
+		return in.Swaps[k].In
+	}
+	pick := func(e *engine, deadline func(int) int, ok func(int) bool) int {
+		best := -1
+		for x := e.head; x < len(e.queue); x++ {
+			k := e.queue[x]
+			if !ok(k) {
+				continue
+			}
+			if best < 0 || deadline(k) < deadline(e.queue[best]) {
+				best = x
+			}
+		}
+		if best < 0 {
+			return -1
+		}
+		// Move the pick to the head, keeping the others in issue order.
+		k := e.queue[best]
+		copy(e.queue[e.head+1:best+1], e.queue[e.head:best])
+		e.queue[e.head] = k
+		e.head++
+		return k
+	}
+	always := func(int) bool { return true }
+	outIsDone := func(k int) bool { return outDone[k] }
+	startCopies := func() {
+		if !d2h.busy {
+			if k := pick(&d2h, outDeadline, always); k >= 0 {
+				d2h.busy, d2h.cur, d2h.rem, d2h.since = true, k, float64(in.Swaps[k].Bytes), now
+				r.Out[k].Start = now
+			}
+		}
+		// A copy back cannot start before its copy out is complete.
+		if !h2d.busy {
+			if k := pick(&h2d, func(k int) int { return in.Swaps[k].Use }, outIsDone); k >= 0 {
+				h2d.busy, h2d.cur, h2d.rem, h2d.since = true, k, float64(in.Swaps[k].Bytes), now
+				r.In[k].Start = now
+			}
+		}
+	}
+	// step runs the engines to the earlier of t and the next copy
+	// completion (rates change there), and reports whether a copy completed.
+	step := func(t float64) bool {
+		startCopies()
+		if !d2h.busy && !h2d.busy {
+			if !math.IsInf(t, 1) {
+				now = max(now, t)
+			}
+			return false
+		}
+		rd, rh := rates()
+		next, cd, ch := t, math.Inf(1), math.Inf(1)
+		if d2h.busy {
+			cd = now + d2h.rem/rd
+			next = min(next, cd)
+		}
+		if h2d.busy {
+			ch = now + h2d.rem/rh
+			next = min(next, ch)
+		}
+		dt := next - now
+		if d2h.busy {
+			d2h.rem -= dt * rd
+		}
+		if h2d.busy {
+			h2d.rem -= dt * rh
+		}
+		now = next
+		done := false
+		// Completion is decided on time, not on the bytes left, so float
+		// rounding can never leave a copy a sliver short forever.
+		if d2h.busy && cd <= next {
+			k := d2h.cur
+			d2h.busy = false
+			r.Out[k].End = now
+			r.BusyD2H += now - d2h.since
+			r.BytesD2H += in.Swaps[k].Bytes
+			outDone[k] = true
+			done = true
+		}
+		if h2d.busy && ch <= next {
+			k := h2d.cur
+			h2d.busy = false
+			r.In[k].End = now
+			r.BusyH2D += now - h2d.since
+			r.BytesH2D += in.Swaps[k].Bytes
+			inDone[k] = true
+			done = true
+		}
+		if done {
+			startCopies()
+		}
+		return done
+	}
+	advance := func(t float64) {
+		for step(t) || now < t {
+		}
+	}
+	wait := func(k int, flag []bool) error {
+		for !flag[k] {
+			if !step(math.Inf(1)) && !d2h.busy && !h2d.busy {
+				return fmt.Errorf("simulate: swap %d (tensor %d) never completes: %w", k, in.Swaps[k].Tensor, ErrInvalid)
+			}
+		}
+		return nil
+	}
+	for t := 0; t < n; t++ {
+		for _, k := range inAt[t] {
+			r.In[k].Issue = now
+			h2d.queue = append(h2d.queue, k)
+		}
+		ready := now
+		// Wait for the copies this op depends on.
+		for _, k := range waitFree[t] {
+			if err := wait(k, outDone); err != nil {
+				return nil, err
+			}
+		}
+		for _, k := range waitUse[t] {
+			if err := wait(k, inDone); err != nil {
+				return nil, err
+			}
+		}
+		// Issues made while waiting are still at the op's start: the copy
+		// back was queued before the wait.
+		op := &r.Ops[t]
+		op.Start = now
+		op.Stall = now - ready
+		r.StallUS += op.Stall
+		advance(now + in.OpTimes[t])
+		op.End = now
+		r.BaseUS += in.OpTimes[t]
+		for _, k := range outAfter[t] {
+			r.Out[k].Issue = now
+			d2h.queue = append(d2h.queue, k)
+		}
+	}
+	r.IterationUS = now
+	// Drain copies still in flight (their time is not on the iteration's
+	// critical path, but their figures belong to the result).
+	for step(math.Inf(1)) || d2h.busy || h2d.busy {
+	}
+	// Memory: which op each swap's memory counts as free from.
+	delta := make([]int64, n+1)
+	for k, s := range in.Swaps {
+		f := s.Free
+		if f < 0 {
+			end := r.Out[k].End
+			f = s.In
+			for t := s.Out + 1; t < s.In; t++ {
+				if r.Ops[t].Start >= end {
+					f = t
+					break
+				}
+			}
+		}
+		r.Freed[k] = f
+		delta[f] -= s.Bytes
+		delta[s.In] += s.Bytes
+	}
+	if in.Curve != nil {
+		var cur int64
+		for t := range n {
+			cur += delta[t]
+			r.Ops[t].Mem = in.Curve[t] + cur
+			if t == 0 || r.Ops[t].Mem > r.Peak {
+				r.Peak, r.PeakOp = r.Ops[t].Mem, t
+			}
+		}
+	}
+	return r, nil
+}
+
+func bucket(n int, swaps []Swap, at func(Swap) int) [][]int {
+	b := make([][]int, n)
+	for k, s := range swaps {
+		if t := at(s); t >= 0 && t < n {
+			b[t] = append(b[t], k)
+		}
+	}
+	return b
+}

@@ -1,0 +1,118 @@
+package simulate
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestNoSwaps(t *testing.T) {
+	r, err := Run(Input{OpTimes: []float64{1, 2, 3}, Curve: []int64{5, 7, 6}, Link: H200()})
+	require.NoError(t, err)
+	assert.InDelta(t, 6, r.IterationUS, 1e-9)
+	assert.Equal(t, int64(7), r.Peak)
+	assert.Equal(t, 1, r.PeakOp)
+	assert.Zero(t, r.StallUS)
+}
+
+func TestSwapTimingAndMemory(t *testing.T) {
+	// 55 MB at 55 GB/s is 1000 us each way, alone.
+	sw := Swap{Tensor: 7, Bytes: 55e6, Out: 0, Free: 2, In: 3, Use: 4}
+	tests := []struct {
+		name      string
+		times     []float64
+		wantStall float64
+	}{
+		{"hidden", []float64{100, 1000, 100, 1000, 100}, 0},
+		// The copy out ends at 1100; op 2 would start at 200.
+		{"free waits", []float64{100, 100, 100, 2000, 100}, 900},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := Run(Input{OpTimes: tt.times, Curve: []int64{60e6, 60e6, 60e6, 60e6, 60e6}, Swaps: []Swap{sw}, Link: H200()})
+			require.NoError(t, err)
+			assert.InDelta(t, tt.wantStall, r.StallUS, 1e-6)
+			assert.Equal(t, []int64{60e6, 60e6, 5e6, 60e6, 60e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
+			assert.Equal(t, int64(55e6), r.BytesD2H)
+			assert.Equal(t, int64(55e6), r.BytesH2D)
+		})
+	}
+}
+
+func TestUseWaits(t *testing.T) {
+	sw := Swap{Bytes: 55e6, Out: 0, Free: 1, In: 2, Use: 3}
+	r, err := Run(Input{OpTimes: []float64{2000, 100, 100, 100}, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	// Out: 2000..3000; op 1 waits until 3000; op 2 at 3100..3200 issues
+	// the copy back, 3100..4100, which op 3 waits for.
+	assert.InDelta(t, 3000, r.Ops[1].Start, 1e-6)
+	assert.InDelta(t, 4100, r.Ops[3].Start, 1e-6)
+	assert.InDelta(t, 4200, r.IterationUS, 1e-6)
+}
+
+func TestCongestion(t *testing.T) {
+	// A link at 1 GB/s alone, half that each way while both are busy.
+	l := Link{D2H: 1e9, H2D: 1e9, D2HShared: 0.5e9, H2DShared: 0.5e9}
+	sw := []Swap{
+		{Tensor: 1, Bytes: 1000, Out: 0, Free: 1, In: 1, Use: 3},
+		{Tensor: 2, Bytes: 1000, Out: 1, Free: 2, In: 2, Use: 3},
+	}
+	// Op times: op0 0..1, tensor1 out 1..2 (1000 B at 1 GB/s = 1 us),
+	// op1 waits until 2, ends 3; tensor1 back issued at 2 (alone 2..3).
+	// tensor2 out 3..; tensor1's in is done at 3: alone as well.
+	r, err := Run(Input{OpTimes: []float64{1, 1, 1, 1}, Swaps: sw, Link: l})
+	require.NoError(t, err)
+	assert.InDelta(t, 3, r.In[0].End, 1e-9)
+	// Now overlap: tensor2 out and a long in at once.
+	sw = []Swap{
+		{Tensor: 1, Bytes: 2000, Out: 0, Free: 1, In: 2, Use: 4},
+		{Tensor: 2, Bytes: 1000, Out: 2, Free: 3, In: 3, Use: 4},
+	}
+	r, err = Run(Input{OpTimes: []float64{1, 2, 1, 1, 1}, Swaps: sw, Link: l})
+	require.NoError(t, err)
+	// t1 out 1..3 (op1 waits? op1 starts 1 -> waits until 3), op1 3..5,
+	// op2 5..6 issues t1 in at 5; t2 out starts 6: both busy at half rate.
+	// t1 in: 5..6 alone (1000 B), then 1000 B at 0.5 GB/s: 6..8.
+	// t2 out: 1000 B at 0.5 GB/s from 6 to 8.
+	assert.InDelta(t, 8, r.In[0].End, 1e-9)
+	assert.InDelta(t, 8, r.Out[1].End, 1e-9)
+}
+
+func TestInvalid(t *testing.T) {
+	for _, s := range []Swap{
+		{Bytes: 1, Out: 2, Free: 1, In: 3, Use: 4},
+		{Bytes: 1, Out: 0, Free: 3, In: 2, Use: 4},
+		{Bytes: 1, Out: 0, Free: 1, In: 2, Use: 9},
+	} {
+		_, err := Run(Input{OpTimes: make([]float64, 5), Swaps: []Swap{s}, Link: H200()})
+		assert.ErrorIs(t, err, ErrInvalid, "%+v", s)
+	}
+}
+
+func TestChromeTrace(t *testing.T) {
+	sw := []Swap{{Tensor: 7, Bytes: 55e6, Out: 0, Free: 2, In: 3, Use: 4}}
+	r, err := Run(Input{OpTimes: []float64{100, 100, 100, 100, 100}, Swaps: sw, Link: H200()})
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	require.NoError(t, r.WriteChromeTrace(&buf, []string{"aten::mm"}, sw))
+	var doc struct {
+		TraceEvents []struct {
+			Name string  `json:"name"`
+			Ph   string  `json:"ph"`
+			TID  int     `json:"tid"`
+			Dur  float64 `json:"dur"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &doc))
+	tids := map[int]int{}
+	for _, e := range doc.TraceEvents {
+		if e.Ph == "X" {
+			tids[e.TID]++
+		}
+	}
+	assert.Equal(t, map[int]int{1: 7, 2: 1, 3: 1}, tids) // 5 ops + 2 stalls
+	assert.Equal(t, "aten::mm", doc.TraceEvents[4].Name)
+}
