@@ -14,7 +14,6 @@
 // module and producer with the j-th planned one.
 package match
 
-
 // Features describe one tensor at the moment it is produced.
 type Features struct {
 	Ptr      uint64 // device address

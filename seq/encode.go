@@ -28,7 +28,7 @@ type Vocab struct {
 	// fold it instead of the token, so they do not depend on the order in
 	// which a process first met its ops (a saved policy cache stays valid).
 	stable []uint64
-	cache [cacheSlots]cacheEntry
+	cache  [cacheSlots]cacheEntry
 }
 
 // A host passes the same string values for an op every iteration (literals
