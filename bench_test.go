@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
@@ -103,4 +105,103 @@ func BenchmarkMatch(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(len(live))/float64(len(tr.Iterations[3].Ops)), "tensors/op")
+}
+
+// engineLoop drives an Engine through a synthetic chain of ops: op i reads
+// the previous op's output and writes a fresh tensor; tensors are released
+// after their last use.
+type engineLoop struct {
+	eng        *chameleon.Engine
+	it         *chameleon.Iteration
+	ops, i     int
+	prev, prv2 *chameleon.Tensor
+	op         chameleon.Op
+	names      []string
+}
+
+func newEngineLoop(b *testing.B, limit int64, ops int) (*engineLoop, func()) {
+	dev, err := host.New(limit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := seq.DefaultConfig()
+	d.M, d.N = 1, 1
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(limit), chameleon.WithDetection(d))
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := &engineLoop{eng: eng, ops: ops, names: []string{"aten::mm", "aten::add", "aten::mul", "aten::silu"}}
+	l.op.In = make([]*chameleon.Tensor, 0, 1)
+	l.op.Out = make([]*chameleon.Tensor, 1)
+	l.it = eng.Begin()
+	return l, func() { eng.Close(); dev.Close() }
+}
+
+func (l *engineLoop) step(b *testing.B, size int64) {
+	t, err := l.eng.NewTensor(size, chameleon.Activation, "bfloat16", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	l.op.Name = l.names[l.i%len(l.names)]
+	l.op.Module = "model.layers.0"
+	l.op.In = l.op.In[:0]
+	if l.prev != nil {
+		l.op.In = append(l.op.In, l.prev)
+	}
+	l.op.Out[0] = t
+	if err := l.it.Before(&l.op); err != nil {
+		b.Fatal(err)
+	}
+	if err := l.it.After(&l.op); err != nil {
+		b.Fatal(err)
+	}
+	if l.prv2 != nil {
+		l.eng.Release(l.prv2)
+	}
+	l.prv2, l.prev = l.prev, t
+	if l.i++; l.i == l.ops {
+		l.eng.Release(l.prv2)
+		l.eng.Release(l.prev)
+		l.prv2, l.prev, l.i = nil, nil, 0
+		l.it.End()
+		l.it = l.eng.Begin()
+	}
+}
+
+// BenchmarkEngineOp is the Engine's cost per op in STABLE when no swap is
+// due: NewTensor for the output, Before, After (encode, match) and Release
+// (target: under 1 µs and 0 allocations).
+func BenchmarkEngineOp(b *testing.B) {
+	l, done := newEngineLoop(b, 64<<20, 1000)
+	defer done()
+	for range 5 * l.ops {
+		l.step(b, 4096)
+	}
+	if l.eng.Stage() != seq.Stable {
+		b.Fatalf("stage %s, want STABLE", l.eng.Stage())
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		l.step(b, 4096)
+	}
+}
+
+// BenchmarkEngineOpSwapping is the same chain under a limit that forces a
+// swap out and back for most ops (host backend, no link model): the cost
+// of the executor's bookkeeping and copies per op.
+func BenchmarkEngineOpSwapping(b *testing.B) {
+	l, done := newEngineLoop(b, 5*32<<10, 200)
+	defer done()
+	for range 5 * l.ops {
+		l.step(b, 64<<10)
+	}
+	b.ReportAllocs()
+	before := l.eng.Stats()
+	n := 0
+	for b.Loop() {
+		l.step(b, 64<<10)
+		n++
+	}
+	after := l.eng.Stats()
+	b.ReportMetric(float64(after.SwapsOut-before.SwapsOut)/float64(n), "swaps/op")
 }

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+func init() {
+	register("replay", "run a trace's iterations through the Engine on the host backend, verifying every byte", runReplay)
+}
+
+func runReplay(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("trace", "", "trace file (optrace/v1, gzip or plain)")
+	limitS := fs.String("limit", "80%", "device memory limit: bytes (12GiB) or a percent of the trace's largest peak, scaled")
+	scale := fs.Int64("scale", 1024, "divide every tensor size by this")
+	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	cfg := seq.DefaultConfig()
+	fs.IntVar(&cfg.M, "m", cfg.M, "unchanged iterations spent in WARMUP")
+	fs.IntVar(&cfg.N, "n", cfg.N, "iterations spent in GEN_POLICY")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return errors.New("--trace is required")
+	}
+	if *scale < 1 {
+		return fmt.Errorf("--scale %d: want at least 1", *scale)
+	}
+	tr, err := trace.ReadFile(*path)
+	if err != nil {
+		return err
+	}
+	peak := replay.PeakBytes(tr) / *scale
+	var limit int64
+	if strings.HasSuffix(strings.TrimSpace(*limitS), "%") {
+		limit, err = parseLimit(*limitS, peak)
+	} else {
+		limit, err = parseLimit(*limitS, peak)
+		limit /= *scale
+	}
+	if err != nil {
+		return fmt.Errorf("--limit: %w", err)
+	}
+	// The host "device" holds exactly the limit: the Engine reserves it,
+	// so nothing above it can ever be handed out.
+	dev, err := host.New(limit, host.WithName("host"))
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, Options: []chameleon.Option{chameleon.WithDetection(cfg)}}
+	if !*quiet {
+		rc.Progress = stderr
+	}
+	rep, err := replay.Run(tr, dev, rc)
+	if rep != nil && rep.Engine != nil {
+		defer rep.Engine.Close()
+	}
+	if err != nil {
+		return err
+	}
+	rep.Trace = *path
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(stdout, "%s: %d iterations at scale 1/%d under %d bytes\n", rep.Trace, rep.Iterations, rep.Scale, rep.LimitBytes)
+		fmt.Fprintf(stdout, "peak device bytes %d (%.1f%% of the limit), device peak %d\n", rep.PeakDeviceBytes, 100*float64(rep.PeakDeviceBytes)/float64(rep.LimitBytes), dev.PeakAllocated())
+		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns)
+		fmt.Fprintf(stdout, "policies planned %d, cache hits %d\nstages %s\n", rep.Replans, rep.CacheHits, strings.Join(rep.Stages, " "))
+	}
+	if rep.FailedUses > 0 {
+		return fmt.Errorf("%d uses read bytes that differ from what was written: %s", rep.FailedUses, strings.Join(rep.Failures, "; "))
+	}
+	return nil
+}

@@ -1,0 +1,221 @@
+package chameleon_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const smallTrace = "testdata/llama4-small.jsonl.gz"
+
+func readTrace(t testing.TB, path string) *trace.Trace {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("trace %s not present: %v", path, err)
+	}
+	tr, err := trace.ReadFile(path)
+	require.NoError(t, err)
+	return tr
+}
+
+// quick detection so a 3-iteration trace reaches STABLE in a few rounds.
+func quick() seq.Config {
+	c := seq.DefaultConfig()
+	c.M, c.N = 2, 1
+	return c
+}
+
+// replaySmall replays the bundled trace at pct of its peak.
+func replaySmall(t *testing.T, pct float64, rounds int, opts ...chameleon.Option) (*replay.Report, *host.Device) {
+	t.Helper()
+	tr := readTrace(t, smallTrace)
+	const scale = 1024
+	limit := int64(float64(replay.PeakBytes(tr)/scale) * pct)
+	dev, err := host.New(limit)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: rounds, Limit: limit,
+		Options: append([]chameleon.Option{chameleon.WithDetection(quick())}, opts...)})
+	require.NoError(t, err)
+	t.Cleanup(func() { rep.Engine.Close() })
+	return rep, dev
+}
+
+func TestEngineKeepsLimitAndBytes(t *testing.T) {
+	rep, dev := replaySmall(t, 0.85, 3)
+	assert.Zero(t, rep.FailedUses, rep.Failures)
+	assert.Positive(t, rep.VerifiedUses)
+	assert.LessOrEqual(t, dev.PeakAllocated(), rep.LimitBytes, "device memory above the limit")
+	assert.LessOrEqual(t, rep.PeakDeviceBytes, rep.LimitBytes)
+	assert.Positive(t, rep.SwappedBytes)
+	assert.Equal(t, 1, rep.Replans)
+	// WARMUP for m=2, GEN_POLICY for n=1, then STABLE with the policy
+	// applied: its swaps run ahead of use.
+	assert.Equal(t, []string{"WARMUP", "WARMUP", "GEN_POLICY", "STABLE", "STABLE", "STABLE", "STABLE", "STABLE", "STABLE"}, rep.Stages)
+	for _, r := range rep.Results[3:] {
+		assert.Positive(t, r.SwapsOut, "iteration %d", r.Index)
+		assert.Positive(t, r.Matched, "iteration %d", r.Index)
+	}
+}
+
+func TestEngineWithoutPressureDoesNotSwap(t *testing.T) {
+	rep, _ := replaySmall(t, 1.1, 2)
+	assert.Zero(t, rep.FailedUses)
+	assert.Zero(t, rep.SwappedBytes)
+	assert.Zero(t, rep.Stats.Evictions)
+}
+
+func TestEngineSpans(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(t.Context())
+	rep, _ := replaySmall(t, 0.85, 2, chameleon.WithTracerProvider(tp))
+	require.Zero(t, rep.FailedUses)
+	count := map[string]int{}
+	for _, s := range rec.Ended() {
+		count[s.Name()]++
+		if s.Name() == "chameleon.plan" {
+			attrs := map[string]any{}
+			for _, a := range s.Attributes() {
+				attrs[string(a.Key)] = a.Value.AsInterface()
+			}
+			assert.Positive(t, attrs["swaps"])
+			assert.Positive(t, attrs["bytes"])
+		}
+	}
+	assert.Equal(t, 6, count["chameleon.execute"])
+	assert.Equal(t, 6, count["chameleon.encode"])
+	assert.Equal(t, 6, count["chameleon.detect"])
+	assert.Equal(t, 1, count["chameleon.group"])
+	assert.Equal(t, 1, count["chameleon.plan"])
+	assert.Equal(t, 1, count["chameleon.simulate"])
+}
+
+func TestPolicyCacheSurvivesRestart(t *testing.T) {
+	rep, _ := replaySmall(t, 0.85, 2)
+	require.Equal(t, 1, rep.Engine.CachedPolicies())
+	path := filepath.Join(t.TempDir(), "policies.json")
+	require.NoError(t, rep.Engine.SavePolicyFile(path))
+
+	// A restarted job loads the cache: its first iteration adopts the
+	// policy, the next ones run STABLE with no warm-up.
+	tr := readTrace(t, smallTrace)
+	dev, err := host.New(rep.LimitBytes)
+	require.NoError(t, err)
+	defer dev.Close()
+	var loaded *chameleon.Engine
+	rep2, err := replay.Run(tr, dev, replay.Config{Scale: 1024, Rounds: 1, Limit: rep.LimitBytes,
+		Options: []chameleon.Option{chameleon.WithDetection(quick()), chameleon.WithPolicyFile(path)}})
+	require.NoError(t, err)
+	loaded = rep2.Engine
+	defer loaded.Close()
+	assert.Equal(t, []string{"WARMUP", "STABLE", "STABLE"}, rep2.Stages)
+	assert.Equal(t, 1, rep2.CacheHits)
+	assert.Zero(t, rep2.Replans)
+	assert.Zero(t, rep2.FailedUses)
+
+	// A damaged file is an error naming it.
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"format":"other"}`), 0o644))
+	dev2, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev2.Close()
+	_, err = chameleon.New(dev2, chameleon.WithMemoryLimit(1<<20), chameleon.WithPolicyFile(bad))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "bad.json")
+}
+
+func TestNewValidates(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	_, err = chameleon.New(dev)
+	assert.ErrorContains(t, err, "memory limit")
+	_, err = chameleon.New(nil, chameleon.WithMemoryLimit(1))
+	assert.Error(t, err)
+	d := seq.DefaultConfig()
+	d.M = 0
+	_, err = chameleon.New(dev, chameleon.WithMemoryLimit(1<<10), chameleon.WithDetection(d))
+	assert.Error(t, err)
+	// More than the device has.
+	_, err = chameleon.New(dev, chameleon.WithMemoryLimit(2<<20))
+	assert.Error(t, err)
+}
+
+func TestOutOfMemoryIsAnError(t *testing.T) {
+	dev, err := host.New(64 << 10)
+	require.NoError(t, err)
+	defer dev.Close()
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(64<<10))
+	require.NoError(t, err)
+	defer eng.Close()
+	it := eng.Begin()
+	a, err := eng.NewTensor(40<<10, chameleon.Activation, "float32", []int64{10240})
+	require.NoError(t, err)
+	fill := &chameleon.Op{Name: "fill", Out: []*chameleon.Tensor{a}}
+	require.NoError(t, it.Before(fill))
+	require.NoError(t, it.After(fill))
+	b, err := eng.NewTensor(40<<10, chameleon.Activation, "float32", []int64{10240})
+	require.NoError(t, err, "a is idle: it is swapped out to make room")
+	op := &chameleon.Op{Name: "add", In: []*chameleon.Tensor{a}, Out: []*chameleon.Tensor{b}}
+	// a and b together cannot be resident under 64 KiB.
+	err = it.Before(op)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, chameleon.ErrOutOfMemory), err)
+	it.End()
+}
+
+func TestSwappedTensorComesBackIdentical(t *testing.T) {
+	dev, err := host.New(96 << 10)
+	require.NoError(t, err)
+	defer dev.Close()
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(96<<10))
+	require.NoError(t, err)
+	defer eng.Close()
+	it := eng.Begin()
+	a, err := eng.NewTensor(40<<10, chameleon.Activation, "uint8", []int64{40 << 10})
+	require.NoError(t, err)
+	op := &chameleon.Op{Name: "fill", Out: []*chameleon.Tensor{a}}
+	require.NoError(t, it.Before(op))
+	want := bytes.Repeat([]byte{1, 2, 3, 5, 8, 13, 21}, (40<<10)/7+1)[:40<<10]
+	require.NoError(t, dev.WriteDevice(a.Ptr(), want))
+	require.NoError(t, it.After(op))
+	// Two more tensors force a out.
+	var others []*chameleon.Tensor
+	for range 2 {
+		b, err := eng.NewTensor(40<<10, chameleon.Activation, "uint8", []int64{40 << 10})
+		require.NoError(t, err)
+		op := &chameleon.Op{Name: "fill", Out: []*chameleon.Tensor{b}}
+		require.NoError(t, it.Before(op))
+		require.NoError(t, it.After(op))
+		others = append(others, b)
+	}
+	assert.Positive(t, eng.Stats().SwapsOut)
+	require.NoError(t, eng.Release(others[0]))
+	use := &chameleon.Op{Name: "read", In: []*chameleon.Tensor{a}}
+	require.NoError(t, it.Before(use))
+	got := make([]byte, len(want))
+	require.NoError(t, dev.ReadDevice(got, a.Ptr()))
+	assert.True(t, bytes.Equal(want, got))
+	require.NoError(t, it.After(use))
+	it.End()
+	assert.Positive(t, eng.Stats().SwapsIn)
+	assert.True(t, slices.Contains([]int64{1, 2}, eng.Stats().OnDemandIn))
+}

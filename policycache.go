@@ -1,0 +1,170 @@
+package chameleon
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+
+	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/simulate"
+)
+
+// policyKey is a sequence signature: the hash of its op names in order
+// (stable across processes), its length, and the bytes its ops allocate.
+// Two iterations share a policy when hash and length agree and the bytes
+// are within the detection's memory threshold.
+type policyKey struct {
+	Hash  uint64 `json:"hash"`
+	Ops   int    `json:"ops"`
+	Bytes int64  `json:"bytes"`
+}
+
+// policyCache keeps the policies of the sequences seen, so a sequence that
+// comes back (dynamic sequence lengths: 2048 -> 1024 -> 2048) reuses its
+// policy with no new warm-up.
+type policyCache struct {
+	byHash map[uint64][]*policy
+}
+
+func newPolicyCache() *policyCache { return &policyCache{byHash: map[uint64][]*policy{}} }
+
+func (c *policyCache) get(k policyKey, memDelta float64) *policy {
+	for _, p := range c.byHash[k.Hash] {
+		if p.key.Ops == k.Ops && relDiff(k.Bytes, p.key.Bytes) <= memDelta {
+			return p
+		}
+	}
+	return nil
+}
+
+func (c *policyCache) put(p *policy) {
+	c.drop(p.key)
+	c.byHash[p.key.Hash] = append(c.byHash[p.key.Hash], p)
+}
+
+func (c *policyCache) drop(k policyKey) {
+	ps := c.byHash[k.Hash]
+	for i, p := range ps {
+		if p.key == k {
+			c.byHash[k.Hash] = append(ps[:i:i], ps[i+1:]...)
+			return
+		}
+	}
+}
+
+func (c *policyCache) len() int {
+	n := 0
+	for _, ps := range c.byHash {
+		n += len(ps)
+	}
+	return n
+}
+
+func relDiff(a, b int64) float64 {
+	if b == 0 {
+		if a == 0 {
+			return 0
+		}
+		return math.Inf(1)
+	}
+	return math.Abs(float64(a-b)) / float64(b)
+}
+
+// savedPolicy is the file form of a policy: names instead of the
+// process-local tokens.
+type savedPolicy struct {
+	Key     policyKey         `json:"key"`
+	Swaps   []simulate.Swap   `json:"swaps"`
+	Tensors []savedPlanTensor `json:"tensors"`
+}
+
+type savedPlanTensor struct {
+	Ptr      uint64  `json:"ptr"`
+	Name     string  `json:"producer"`
+	Overload string  `json:"overload"`
+	Module   string  `json:"module"`
+	Shape    []int64 `json:"shape"`
+}
+
+type savedCache struct {
+	Format   string        `json:"format"`
+	Policies []savedPolicy `json:"policies"`
+}
+
+const policyFormat = "chameleon-policies/v1"
+
+// SavePolicies writes the policy cache, so a restarted or migrated job
+// starts STABLE on the sequences it has seen (LoadPolicies).
+func (e *Engine) SavePolicies(w io.Writer) error {
+	out := savedCache{Format: policyFormat}
+	for _, ps := range e.cache.byHash {
+		for _, p := range ps {
+			sp := savedPolicy{Key: p.key, Swaps: p.swaps}
+			for i, n := range p.names {
+				sp.Tensors = append(sp.Tensors, savedPlanTensor{Ptr: p.feats[i].Ptr, Name: n.Name, Overload: n.Overload, Module: n.Module, Shape: n.Shape})
+			}
+			out.Policies = append(out.Policies, sp)
+		}
+	}
+	enc := json.NewEncoder(w)
+	return enc.Encode(out)
+}
+
+// LoadPolicies adds the policies SavePolicies wrote to the cache. The
+// first iteration whose sequence matches one adopts it and the next runs
+// STABLE.
+func (e *Engine) LoadPolicies(r io.Reader, name string) error {
+	var in savedCache
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(&in); err != nil {
+		return fmt.Errorf("chameleon: policies %s: %w", name, err)
+	}
+	if in.Format != policyFormat {
+		return fmt.Errorf("chameleon: policies %s: field \"format\": %q, want %q", name, in.Format, policyFormat)
+	}
+	for i, sp := range in.Policies {
+		if len(sp.Tensors) != len(sp.Swaps) {
+			return fmt.Errorf("chameleon: policies %s: policies[%d]: %d swaps but %d tensors", name, i, len(sp.Swaps), len(sp.Tensors))
+		}
+		feats := make([]match.Features, len(sp.Swaps))
+		names := make([]plannedProducer, len(sp.Swaps))
+		for j, t := range sp.Tensors {
+			if err := sp.Swaps[j].Validate(sp.Key.Ops); err != nil {
+				return fmt.Errorf("chameleon: policies %s: policies[%d].swaps[%d]: %w", name, i, j, err)
+			}
+			feats[j] = match.Features{Ptr: t.Ptr, Stack: match.Hash(t.Module),
+				Producer: uint32(e.enc.Vocab.Token(t.Name, t.Overload)), Shape: match.ShapeHash(t.Shape)}
+			names[j] = plannedProducer{Name: t.Name, Overload: t.Overload, Module: t.Module, Shape: t.Shape}
+		}
+		e.cache.put(newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names))
+	}
+	return nil
+}
+
+// SavePolicyFile writes the policy cache to path.
+func (e *Engine) SavePolicyFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := e.SavePolicies(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// LoadPolicyFile reads a policy cache written by SavePolicyFile.
+func (e *Engine) LoadPolicyFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return e.LoadPolicies(f, path)
+}
+
+// CachedPolicies is the number of policies in the cache.
+func (e *Engine) CachedPolicies() int { return e.cache.len() }

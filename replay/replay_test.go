@@ -1,0 +1,111 @@
+package replay_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func shared(t *testing.T, name string) *trace.Trace {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("replays of the large traces are skipped in -short mode")
+	}
+	p := filepath.Join("..", "..", "shared", "traces", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("shared trace %s not present: %v", name, err)
+	}
+	tr, err := trace.ReadFile(p)
+	require.NoError(t, err)
+	return tr
+}
+
+// run replays tr at pct of its largest peak and checks what must always
+// hold: no byte lost, device memory never above the limit.
+func run(t *testing.T, tr *trace.Trace, pct float64, scale int64, rounds int, m, n int) *replay.Report {
+	t.Helper()
+	limit := int64(float64(replay.PeakBytes(tr)/scale) * pct)
+	dev, err := host.New(limit)
+	require.NoError(t, err)
+	defer dev.Close()
+	d := seq.DefaultConfig()
+	d.M, d.N = m, n
+	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: rounds, Limit: limit,
+		Options: []chameleon.Option{chameleon.WithDetection(d)}})
+	require.NoError(t, err)
+	defer rep.Engine.Close()
+	assert.Zero(t, rep.FailedUses, rep.Failures)
+	assert.Positive(t, rep.VerifiedUses)
+	assert.LessOrEqual(t, dev.PeakAllocated(), limit, "device bytes above the limit")
+	t.Logf("%s: %d iterations, verified %d uses, swapped %d bytes, %d evictions, on-demand %d, replans %d, cache hits %d, stages %v",
+		tr.Name, rep.Iterations, rep.VerifiedUses, rep.SwappedBytes, rep.Evictions, rep.OnDemandSwapIns, rep.Replans, rep.CacheHits, rep.Stages)
+	return rep
+}
+
+func TestStaticReachesStableWithDefaults(t *testing.T) {
+	tr := shared(t, "llama16-bf16.jsonl.gz")
+	rep := run(t, tr, 0.8, 4096, 2, 5, 3)
+	want := []string{"WARMUP", "WARMUP", "WARMUP", "WARMUP", "WARMUP", "GEN_POLICY", "GEN_POLICY", "GEN_POLICY", "STABLE", "STABLE", "STABLE", "STABLE"}
+	assert.Equal(t, want, rep.Stages)
+	assert.Equal(t, 1, rep.Replans)
+	for _, r := range rep.Results[6:] {
+		assert.Positive(t, r.SwapsOut, "iteration %d runs the policy", r.Index)
+	}
+}
+
+func TestDynseqReplansAndHitsCache(t *testing.T) {
+	tr := shared(t, "llama16-bf16-dynseq.jsonl.gz")
+	rep := run(t, tr, 0.8, 4096, 2, 1, 1)
+	// One policy per sequence length (2048, 1024, 4096), then every return
+	// to a length seen before reuses its policy with no new warm-up.
+	assert.Equal(t, 3, rep.Replans)
+	assert.GreaterOrEqual(t, rep.CacheHits, 3)
+	// Round 2 starts where round 1 ended (2048 -> 2048): STABLE at once.
+	assert.Equal(t, "STABLE", rep.Stages[8])
+	// 2048 -> 1024 in round 2: a change, then STABLE from the cache.
+	assert.Equal(t, "WARMUP", rep.Stages[11])
+	assert.Equal(t, "STABLE", rep.Stages[12])
+}
+
+func TestScalerChangesResetAndReuse(t *testing.T) {
+	tr := shared(t, "llama16-fp16-scaler.jsonl.gz")
+	rep := run(t, tr, 0.8, 4096, 1, 1, 1)
+	// Skipped steps (4174 ops) alternate with real ones (5646/6087): every
+	// switch is a change, and the 4174-op sequence, planned once, comes
+	// back from the cache.
+	for i, r := range rep.Results {
+		if i > 0 && r.Ops != rep.Results[i-1].Ops {
+			assert.True(t, r.Detect.Changed, "iteration %d", i)
+			assert.Equal(t, "WARMUP", r.Stage.String())
+		}
+	}
+	assert.GreaterOrEqual(t, rep.Replans, 1)
+	assert.GreaterOrEqual(t, rep.CacheHits, 2)
+}
+
+func TestMixtralUnderLimit(t *testing.T) {
+	tr := shared(t, "mixtral8-eager-bf16.jsonl.gz")
+	rep := run(t, tr, 0.8, 4096, 2, 1, 1)
+	assert.Contains(t, rep.Stages, "STABLE")
+}
+
+func TestBundledSmall(t *testing.T) {
+	tr, err := trace.ReadFile("../testdata/llama4-small.jsonl.gz")
+	require.NoError(t, err)
+	rep := run(t, tr, 0.85, 1024, 3, 2, 1)
+	assert.Equal(t, 1, rep.Replans)
+	assert.True(t, slices.Equal(rep.Stages[3:], []string{"STABLE", "STABLE", "STABLE", "STABLE", "STABLE", "STABLE"}))
+}
