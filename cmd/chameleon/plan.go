@@ -31,11 +31,13 @@ func init() {
 // estimators are the op-time estimators --estimator picks from.
 var estimators = map[string]layer.Estimator{
 	"opcount": layer.OpCount{},
+	"cost":    layer.Default(),
 }
 
 // defaultEstimator is the --estimator default; it names an entry of
-// estimators.
-var defaultEstimator = "opcount"
+// estimators: the H200 cost model, which the Group stage measured closest
+// to the kernel timeline (docs/estimation.md).
+var defaultEstimator = "cost"
 
 // planConfig is what the plan subcommand needs besides the trace.
 type planConfig struct {
