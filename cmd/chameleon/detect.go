@@ -39,7 +39,8 @@ type detectReport struct {
 func runDetect(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("detect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("trace", "", "trace file (optrace/v1, gzip or plain)")
+	tf := addTraceFlags(fs)
+	path := tf.path
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	cfg := seq.DefaultConfig()
@@ -60,7 +61,7 @@ func runDetect(args []string, stdout, stderr io.Writer) error {
 	if seq.DebugEnabled(os.Getenv("CHAMELEON_DEBUG"), "seqchange") {
 		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	rep, err := detect(*path, cfg, *rounds)
+	rep, err := detect(tf, cfg, *rounds)
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,8 @@ func runDetect(args []string, stdout, stderr io.Writer) error {
 
 // detect streams the trace (one iteration in memory at a time, per round)
 // through Encode and Detect.
-func detect(path string, cfg seq.Config, rounds int) (*detectReport, error) {
+func detect(tf traceFlags, cfg seq.Config, rounds int) (*detectReport, error) {
+	path := *tf.path
 	det, err := seq.NewDetector(cfg)
 	if err != nil {
 		return nil, err
@@ -90,18 +92,39 @@ func detect(path string, cfg seq.Config, rounds int) (*detectReport, error) {
 	enc := seq.NewEncoder(nil)
 	rep := &detectReport{Trace: path}
 	var spent time.Duration
-	for range rounds {
+	next := func() (func() (*trace.Iteration, error), func() error, error) {
+		if *tf.kineto != "" {
+			tr, err := tf.load()
+			if err != nil {
+				return nil, nil, err
+			}
+			i := 0
+			return func() (*trace.Iteration, error) {
+				if i == len(tr.Iterations) {
+					return nil, io.EOF
+				}
+				i++
+				return tr.Iterations[i-1], nil
+			}, func() error { return nil }, nil
+		}
 		r, err := trace.Open(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		return r.Next, r.Close, nil
+	}
+	for range rounds {
+		nextIter, closeTrace, err := next()
 		if err != nil {
 			return nil, err
 		}
 		for {
-			it, err := r.Next()
+			it, err := nextIter()
 			if err == io.EOF {
 				break
 			}
 			if err != nil {
-				r.Close()
+				closeTrace()
 				return nil, err
 			}
 			p := seq.EncodeIteration(enc, it)
@@ -113,7 +136,7 @@ func detect(path string, cfg seq.Config, rounds int) (*detectReport, error) {
 				LengthDelta: res.LengthDelta, MemoryDelta: res.MemoryDelta, Reason: res.Reason,
 			})
 		}
-		r.Close()
+		closeTrace()
 	}
 	if n := len(rep.Iterations); n > 0 {
 		rep.DetectNsPerIter = spent.Nanoseconds() / int64(n)

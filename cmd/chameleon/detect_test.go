@@ -68,3 +68,32 @@ func TestDetectErrors(t *testing.T) {
 		assert.Contains(t, errb.String(), tt.want)
 	}
 }
+
+// The commands read what PyTorch users record: an Execution Trace with the
+// Kineto profile of the same step.
+func TestPyTorchImportThroughCommands(t *testing.T) {
+	et := "../../trace/pytorch/testdata/llama4-small.et.json.gz"
+	kin := "../../trace/pytorch/testdata/llama4-small.kineto.json.gz"
+	for _, args := range [][]string{
+		{"detect", "--trace", et, "--kineto", kin, "--json"},
+		{"profile", "--trace", et, "--kineto", kin, "--iter", "0", "--json"},
+		{"plan", "--trace", et, "--kineto", kin, "--iter", "0", "--limit", "90%", "--json"},
+	} {
+		var out, errb bytes.Buffer
+		require.Equal(t, 0, runMain(args, &out, &errb), "%v: %s", args, errb.String())
+		var rep map[string]any
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep), args[0])
+		switch args[0] {
+		case "detect":
+			assert.Len(t, rep["iterations"], 1)
+		case "profile":
+			assert.Equal(t, 882.0, rep["ops"])
+		case "plan":
+			assert.Equal(t, true, rep["feasible"])
+			assert.NotEmpty(t, rep["swaps"])
+		}
+	}
+	var out, errb bytes.Buffer
+	assert.NotEqual(t, 0, runMain([]string{"detect", "--trace", smallTrace, "--kineto", kin}, &out, &errb))
+	assert.NotEmpty(t, errb.String())
+}

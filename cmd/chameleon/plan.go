@@ -92,7 +92,8 @@ type baseline struct {
 func runPlan(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("trace", "", "optrace/v1 `file` (gzip or plain)")
+	tf := addTraceFlags(fs)
+	path := tf.path
 	iter := fs.Int("iter", 1, "iteration to plan (falls back to 0 when the trace has one)")
 	limit := fs.String("limit", "", "memory limit: bytes (12GiB, 12e9, 12GB) or a percentage of the iteration's recorded peak (70%)")
 	bw := fs.String("bandwidth", "55GB/s", "host link rate, one direction alone; congestion keeps the measured H200 ratios")
@@ -123,7 +124,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--min-bytes: %w", err)
 	}
 	fmt.Fprintf(stderr, "reading %s\n", *path)
-	tr, err := trace.ReadFile(*path)
+	tr, err := tf.load()
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,8 @@ type profileGroup struct {
 func runProfile(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("trace", "", "optrace/v1 `file` (gzip or plain)")
+	tf := addTraceFlags(fs)
+	path := tf.path
 	iter := fs.Int("iter", 0, "iteration `index` to profile (position in the trace)")
 	groups := fs.Int("groups", 16, "at most `N` logical-layer groups per forward and backward")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
@@ -62,7 +63,7 @@ func runProfile(args []string, stdout, stderr io.Writer) error {
 	if *groups < 1 {
 		return fmt.Errorf("--groups: must be at least 1, got %d", *groups)
 	}
-	tr, err := trace.ReadFile(*path)
+	tr, err := tf.load()
 	if err != nil {
 		return fmt.Errorf("--trace: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 func init() {
@@ -22,7 +21,8 @@ func init() {
 func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("trace", "", "trace file (optrace/v1, gzip or plain)")
+	tf := addTraceFlags(fs)
+	path := tf.path
 	limitS := fs.String("limit", "80%", "device memory limit: bytes (12GiB) or a percent of the trace's largest peak, scaled")
 	scale := fs.Int64("scale", 1024, "divide every tensor size by this")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
@@ -40,7 +40,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *scale < 1 {
 		return fmt.Errorf("--scale %d: want at least 1", *scale)
 	}
-	tr, err := trace.ReadFile(*path)
+	tr, err := tf.load()
 	if err != nil {
 		return err
 	}
