@@ -6,7 +6,8 @@ import (
 )
 
 // BenchmarkGroupEstimate is the planning-time cost of grouping and timing
-// one iteration: Discover, Layers and the default estimator on the
+// one iteration as the Engine runs it: Layers (which discovers the layer
+// boundaries) and the default estimator on the
 // 5687-op gradient-checkpointed llama16 iteration (llama4-small when the
 // shared traces are absent).
 func BenchmarkGroupEstimate(b *testing.B) {
@@ -18,7 +19,6 @@ func BenchmarkGroupEstimate(b *testing.B) {
 	est := Default()
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = Discover(it.Ops)
 		_ = Layers(it.Ops, 32)
 		_ = est.Estimate(it)
 	}
