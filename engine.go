@@ -130,8 +130,10 @@ type Engine struct {
 	liveB   int64 // bytes of unreleased tensors, resident or not
 	policy  *policy
 	cache   *policyCache
-	// planFailed: planning found no policy for the current sequence.
-	planFailed bool
+	// seqs are the sequences seen, by signature, with how often and which
+	// one came next; last is the index of the latest.
+	seqs []seqSeen
+	last int
 	it         Iteration
 	stats      Stats
 	onClose    []func() error
@@ -218,6 +220,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	}
 	e.tracer = cfg.tp.Tracer("github.com/chameleon-go/chameleon")
 	e.it.eng = e
+	e.last = -1
 	return e, nil
 }
 
@@ -564,6 +567,50 @@ func (p *policy) reset() {
 	p.matched = 0
 }
 
+// seqSeen is one sequence signature in the Engine's history. A sequence
+// that keeps coming back without ever holding for M iterations in a row
+// (fp16 skipped steps alternating with real ones, a cycle of sequence
+// lengths) never reaches GEN_POLICY; counting its occurrences and what
+// follows what lets the Engine profile the iteration it expects next and
+// plan for it once it has been seen M times.
+type seqSeen struct {
+	key    policyKey
+	count  int
+	next   int  // index of the sequence that followed it last, -1
+	failed bool // planning found no policy for it: not retried
+}
+
+// seqIndex finds the history entry of k (same rule as the policy cache)
+// or adds one.
+func (e *Engine) seqIndex(k policyKey) int {
+	for i, s := range e.seqs {
+		if s.key.Hash == k.Hash && s.key.Ops == k.Ops && relDiff(k.Bytes, s.key.Bytes) <= e.cfg.detect.MaxMemoryDelta {
+			return i
+		}
+	}
+	e.seqs = append(e.seqs, seqSeen{key: k, next: -1})
+	return len(e.seqs) - 1
+}
+
+// profileNext decides whether the coming iteration is profiled in detail:
+// when no policy covers the current sequence and it has held through
+// WARMUP, or when the sequence expected next recurs often enough and has no
+// policy yet.
+func (e *Engine) profileNext() bool {
+	var cur *seqSeen
+	if e.last >= 0 {
+		cur = &e.seqs[e.last]
+	}
+	if e.policy == nil && e.det.Next() != seq.Warmup && (cur == nil || !cur.failed) {
+		return true
+	}
+	if cur == nil || cur.next < 0 {
+		return false
+	}
+	n := &e.seqs[cur.next]
+	return n.count >= e.cfg.detect.M && !n.failed && e.cache.get(n.key, e.cfg.detect.MaxMemoryDelta) == nil
+}
+
 // Iteration is one pass of the host's loop through the Engine.
 type Iteration struct {
 	eng    *Engine
@@ -586,9 +633,7 @@ func (e *Engine) Begin() *Iteration {
 	it := &e.it
 	*it = Iteration{eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0]}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
-	// Profile in detail once the sequence has held through WARMUP and no
-	// policy covers it (GEN_POLICY, or STABLE when a plan failed before).
-	if e.policy == nil && !e.planFailed && e.det.Next() != seq.Warmup {
+	if e.profileNext() {
 		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}}
 	}
 	if e.policy != nil {
@@ -762,9 +807,13 @@ func (it *Iteration) End() Result {
 	r := Result{Index: it.index, Ops: prof.Len, Stage: res.Stage, Detect: res,
 		SwapsOut: it.swapsOut, SwapsIn: it.swapsIn, OnDemand: it.onDemand, BytesOut: it.bytesOut}
 	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
-	if res.Changed {
-		e.planFailed = false
+	si := e.seqIndex(key)
+	e.seqs[si].count++
+	if e.last >= 0 {
+		e.seqs[e.last].next = si
 	}
+	e.last = si
+	cur := &e.seqs[si]
 	if p := e.policy; p != nil {
 		r.Matched = p.matched
 		switch {
@@ -778,12 +827,21 @@ func (it *Iteration) End() Result {
 			e.det.Restart()
 		}
 	}
-	if e.policy == nil && it.detail != nil && !res.Changed {
+	if e.policy == nil {
+		if pol := e.cache.get(key, e.cfg.detect.MaxMemoryDelta); pol != nil {
+			e.policy = pol
+			e.det.Adopt()
+			r.CacheHit = true
+			e.stats.CacheHits++
+		}
+	}
+	recurring := cur.count > e.cfg.detect.M
+	if e.policy == nil && it.detail != nil && (!res.Changed || recurring) && !cur.failed {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
 		if pol, err := e.plan(ctx, it.detail, key); err != nil {
-			// Not again until the sequence changes: the forced swap-outs
-			// of the executor keep the iteration under the limit meanwhile.
-			e.planFailed = true
+			// Not again for this sequence: the forced swap-outs of the
+			// executor keep its iterations under the limit meanwhile.
+			cur.failed = true
 			r.PlanError = err
 			e.stats.Infeasible++
 			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
@@ -792,14 +850,9 @@ func (it *Iteration) End() Result {
 			e.cache.put(pol)
 			r.Planned = true
 			e.stats.Replans++
-		}
-	}
-	if e.policy == nil {
-		if pol := e.cache.get(key, e.cfg.detect.MaxMemoryDelta); pol != nil {
-			e.policy = pol
-			e.det.Adopt()
-			r.CacheHit = true
-			e.stats.CacheHits++
+			if res.Changed {
+				e.det.Adopt() // a recurring sequence: planned, no warm-up needed
+			}
 		}
 	}
 	it.span.SetAttributes(attribute.Int("iteration", it.index), attribute.Int("ops", prof.Len),
