@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
@@ -28,6 +30,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	cfg := seq.DefaultConfig()
 	fs.IntVar(&cfg.M, "m", cfg.M, "unchanged iterations spent in WARMUP")
 	fs.IntVar(&cfg.N, "n", cfg.N, "iterations spent in GEN_POLICY")
@@ -55,11 +58,24 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--limit: %w", err)
 	}
-	// The host "device" holds exactly the limit: the Engine reserves it,
-	// so nothing above it can ever be handed out.
-	dev, err := host.New(limit, host.WithName("host"))
-	if err != nil {
-		return err
+	var dev device.Device
+	peakOf := func() int64 { return -1 }
+	switch *devName {
+	case "host":
+		// The host "device" holds exactly the limit: the Engine reserves
+		// it, so nothing above it can ever be handed out.
+		h, err := host.New(limit, host.WithName("host"))
+		if err != nil {
+			return err
+		}
+		dev, peakOf = h, h.PeakAllocated
+	case "cuda":
+		dev, err = cuda.New()
+		if err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("--device %q: want host or cuda", *devName)
 	}
 	defer dev.Close()
 	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, Options: []chameleon.Option{chameleon.WithDetection(cfg)}}
@@ -82,7 +98,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 	} else {
 		fmt.Fprintf(stdout, "%s: %d iterations at scale 1/%d under %d bytes\n", rep.Trace, rep.Iterations, rep.Scale, rep.LimitBytes)
-		fmt.Fprintf(stdout, "peak device bytes %d (%.1f%% of the limit), device peak %d\n", rep.PeakDeviceBytes, 100*float64(rep.PeakDeviceBytes)/float64(rep.LimitBytes), dev.PeakAllocated())
+		fmt.Fprintf(stdout, "%s: peak bytes handed out %d (%.1f%% of the limit)", dev.Name(), rep.PeakDeviceBytes, 100*float64(rep.PeakDeviceBytes)/float64(rep.LimitBytes))
+		if p := peakOf(); p >= 0 {
+			fmt.Fprintf(stdout, ", device peak %d", p)
+		}
+		fmt.Fprintln(stdout)
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns)
 		fmt.Fprintf(stdout, "policies planned %d, cache hits %d\nstages %s\n", rep.Replans, rep.CacheHits, strings.Join(rep.Stages, " "))
 	}
