@@ -132,11 +132,11 @@ type Engine struct {
 	cache   *policyCache
 	// seqs are the sequences seen, by signature, with how often and which
 	// one came next; last is the index of the latest.
-	seqs []seqSeen
-	last int
-	it         Iteration
-	stats      Stats
-	onClose    []func() error
+	seqs    []seqSeen
+	last    int
+	it      Iteration
+	stats   Stats
+	onClose []func() error
 }
 
 // Stats are the Engine's running totals.
