@@ -31,6 +31,7 @@ const (
 	opCopy opKind = iota
 	opSignal
 	opWait
+	opFunc // a host function queued with Launch
 )
 
 // Link directions for the link model; D2D copies do not use the link.
@@ -45,6 +46,7 @@ type op struct {
 	dir      int
 	dst, src []byte
 	f        *fence
+	fn       func()
 }
 
 // fence marks a point in a stream: it is closed once the stream's work up to
@@ -128,6 +130,8 @@ func (d *Device) exec(o op) {
 		close(o.f.ch)
 	case opWait:
 		<-o.f.ch
+	case opFunc:
+		o.fn()
 	case opCopy:
 		var bw float64
 		switch o.dir {

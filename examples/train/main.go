@@ -1,0 +1,443 @@
+// Command train trains a deep residual MLP in Go with every activation in
+// memory managed by the chameleon Engine, under a device memory limit that
+// forces the Engine to swap, and shows that the limit changes nothing but
+// memory and time: with the same seed the loss curve is bitwise the curve
+// of a run without the limit.
+//
+//	go run ./examples/train                          # host backend, 50% of the unlimited peak
+//	go run ./examples/train --dynamic --steps 80     # layers skipped in phases: detection, re-planning, policy cache
+//	go run ./examples/train --device cuda --layers 32 --width 2048 --batch 65536 --limit 40%
+//
+// A percent limit is of the peak device bytes measured in a run of the same
+// model without a limit (its first --baseline-steps steps, on a reservation
+// sized from the model's analytic upper bound). That run also gives the
+// step time without a limit, which the summary compares with the limited
+// run's and with the simulator's prediction.
+//
+// On the host backend (the default) device memory is Go memory and kernels
+// are pure Go, queued on the Engine's compute stream. With --device cuda,
+// device memory, streams and copies go through libcudart (device/cuda), the
+// GEMMs through cuBLAS and the elementwise kernels through NVRTC and the
+// driver API (package gpu), all loaded with purego: the binary builds with
+// CGO_ENABLED=0.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/cuda"
+	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/examples/train/compute"
+	"github.com/chameleon-go/chameleon/examples/train/gpu"
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/seq"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "train:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command's flags.
+type options struct {
+	device        string
+	limit         string
+	steps         int
+	baselineSteps int
+	dynamic       bool
+	phase         int
+	patterns      int
+	seed          uint64
+	model         Model
+	lr, momentum  float64
+	minSwap       string
+	hostBW        float64
+	workers       int
+	tf32          bool
+	arch          string
+	hostReserve   string
+	verify        bool
+	quiet         bool
+}
+
+func parse(args []string, out io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("train", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.device, "device", "host", "host (pure Go) or cuda (libcudart, cuBLAS, NVRTC through purego)")
+	fs.StringVar(&o.limit, "limit", "50%", "device memory limit: a percent of the unlimited run's peak, or bytes (512MiB, 12GiB, 1e9); 0 runs only without a limit")
+	fs.IntVar(&o.steps, "steps", 40, "training steps")
+	fs.IntVar(&o.baselineSteps, "baseline-steps", 3, "steps of the run without a limit that measures the peak and the step time")
+	fs.BoolVar(&o.dynamic, "dynamic", false, "skip a random set of blocks in phases of --phase steps: the operator sequence changes while training")
+	fs.IntVar(&o.phase, "phase", 12, "steps each skip pattern holds (--dynamic); the Engine plans after 5 warm-up and 1 profiled step")
+	fs.IntVar(&o.patterns, "patterns", 3, "distinct skip patterns, pattern 0 skipping nothing (--dynamic)")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the initialization, the data and the skip patterns")
+	fs.IntVar(&o.model.Layers, "layers", 8, "residual blocks")
+	fs.IntVar(&o.model.Width, "width", 64, "residual stream width")
+	fs.IntVar(&o.model.FFN, "ffn", 0, "hidden width of a block (0: --width)")
+	fs.IntVar(&o.model.Batch, "batch", 1024, "batch size")
+	fs.IntVar(&o.model.In, "in", 64, "input features")
+	fs.IntVar(&o.model.Out, "out", 16, "output features")
+	fs.IntVar(&o.model.TeacherHidden, "teacher", 128, "hidden width of the teacher network")
+	fs.Float64Var(&o.lr, "lr", 0.02, "learning rate")
+	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
+	fs.StringVar(&o.minSwap, "min-swap", "auto", "smallest tensor the planner swaps (auto: 1 MiB, or one batch x width activation when smaller)")
+	fs.Float64Var(&o.hostBW, "host-bw", 0, "host backend: model a host link of this many GB/s each way (0: instantaneous copies)")
+	fs.IntVar(&o.workers, "workers", 0, "host backend: goroutines per GEMM (0: GOMAXPROCS)")
+	fs.BoolVar(&o.tf32, "tf32", false, "cuda: let cuBLAS use TF32 tensor cores for the fp32 GEMMs")
+	fs.StringVar(&o.arch, "arch", "compute_90", "cuda: NVRTC --gpu-architecture of the elementwise kernels")
+	fs.StringVar(&o.hostReserve, "host-reserve", "0", "pinned host bytes to reserve up front for swapped tensors (0: grow on first need, during warm-up)")
+	fs.BoolVar(&o.verify, "verify", false, "run the unlimited baseline for all --steps and compare the loss curves bit for bit")
+	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.model.FFN == 0 {
+		o.model.FFN = o.model.Width
+	}
+	if err := o.model.Validate(); err != nil {
+		return nil, err
+	}
+	if o.steps < 1 || o.baselineSteps < 1 {
+		return nil, fmt.Errorf("--steps %d and --baseline-steps %d must be at least 1", o.steps, o.baselineSteps)
+	}
+	return o, nil
+}
+
+// backend is an opened device with its kernel factory.
+type backend struct {
+	dev     device.Device
+	kernels Kernels
+	est     layer.Estimator
+	link    float64
+	// free bounds a reservation (device memory free at start), 0: none.
+	free  int64
+	close func() error
+}
+
+func open(o *options) (*backend, error) {
+	switch o.device {
+	case "host":
+		d, err := host.New(math.MaxInt64/4, hostOptions(o)...)
+		if err != nil {
+			return nil, err
+		}
+		b := &backend{dev: d, close: d.Close, est: hostCostModel(o.workers),
+			kernels: func(s device.Stream) (compute.Kernels, error) { return compute.NewHost(d, s, o.workers), nil }}
+		if o.hostBW > 0 {
+			b.link = o.hostBW * 1e9
+		}
+		return b, nil
+	case "cuda":
+		d, err := cuda.New()
+		if err != nil {
+			return nil, err
+		}
+		g, err := gpu.New(d.DefaultStream(), gpu.WithTF32(o.tf32), gpu.WithArch(o.arch))
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		free, _, err := d.MemInfo()
+		if err != nil {
+			g.Close()
+			d.Close()
+			return nil, err
+		}
+		return &backend{dev: d, free: free, close: func() error { return errors.Join(g.Close(), d.Close()) },
+			kernels: func(s device.Stream) (compute.Kernels, error) {
+				if s != d.DefaultStream() {
+					return nil, fmt.Errorf("compute stream %#x is not the stream the GPU kernels were made for", uintptr(s))
+				}
+				return g, nil
+			}}, nil
+	}
+	return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
+}
+
+func hostOptions(o *options) []host.Option {
+	if o.hostBW > 0 {
+		return []host.Option{host.WithBandwidth(o.hostBW*1e9, o.hostBW*1e9)}
+	}
+	return nil
+}
+
+// hostCostModel prices ops for the planner on the host backend: the H200
+// cost model with the throughput of pure-Go kernels, so that a GEMM weighs
+// against an elementwise op as it does here. Times are fitted to the
+// measured step anyway; only the ratios matter.
+func hostCostModel(workers int) layer.Estimator {
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	m := layer.DefaultCostModel()
+	m.Device = layer.Device{FLOPS: 2e9 * float64(workers), FLOPS32: 2e9 * float64(workers), Bandwidth: 8e9}
+	m.LaunchUS = 2
+	return m
+}
+
+func run(args []string, out io.Writer) error {
+	o, err := parse(args, out)
+	if err != nil {
+		return err
+	}
+	b, err := open(o)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	m := o.model
+	cfg := Config{Model: m, Steps: o.steps, LR: float32(o.lr), Momentum: float32(o.momentum), Seed: o.seed,
+		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est}
+	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
+		return err
+	}
+	reserve, err := parseBytes(o.hostReserve)
+	if err != nil {
+		return fmt.Errorf("--host-reserve: %w", err)
+	}
+	fmt.Fprintf(out, "device %s: %d blocks, width %d, ffn %d, batch %d; parameters %s (x3 with gradients and momentum), saved activations %s per step\n",
+		b.dev.Name(), m.Layers, m.Width, m.FFN, m.Batch, bytesStr(m.ParamBytes()), bytesStr(m.SavedActivationBytes()))
+
+	// The run without a limit: its reservation covers the analytic upper
+	// bound, and is doubled if the Engine still had to evict.
+	base := cfg
+	base.Steps = o.baselineSteps
+	if o.verify {
+		base.Steps = o.steps
+	}
+	base.Limit = m.UpperBoundBytes()
+	noLimit := o.limit == "none" || o.limit == "0"
+	if noLimit {
+		base.Steps = o.steps
+		if !o.quiet {
+			base.Progress = func(s Step) { printStep(out, s, o.dynamic) }
+		}
+	}
+	var baseRep *Report
+	for {
+		if b.free > 0 && base.Limit > b.free*9/10 {
+			base.Limit = b.free * 9 / 10
+		}
+		fmt.Fprintf(out, "unlimited run: %d steps on a reservation of %s\n", base.Steps, bytesStr(base.Limit))
+		baseRep, err = Train(b.dev, b.kernels, base)
+		if err != nil {
+			return fmt.Errorf("unlimited run: %w", err)
+		}
+		if baseRep.Stats.SwapsOut == 0 || (b.free > 0 && base.Limit >= b.free*9/10) {
+			break
+		}
+		base.Limit *= 2
+	}
+	peak := baseRep.Stats.PeakDeviceBytes
+	baseMS := medianMS(baseRep.Steps[min(1, len(baseRep.Steps)-1):], nil)
+	fmt.Fprintf(out, "unlimited: peak %s (persistent %s), step %.2f ms (median after the first)\n",
+		bytesStr(peak), bytesStr(m.PersistentBytes()), baseMS)
+
+	limit, err := parseLimit(o.limit, peak)
+	if err != nil {
+		return err
+	}
+	if limit == 0 {
+		printSummary(out, o, baseRep, nil, 0, peak, baseMS)
+		return nil
+	}
+	cfg.Limit = limit
+	cfg.StepMS = baseMS
+	if reserve > 0 {
+		cfg.Options = append(cfg.Options, chameleon.WithHostReserve(reserve))
+	}
+	if !o.quiet {
+		cfg.Progress = func(s Step) { printStep(out, s, o.dynamic) }
+	}
+	fmt.Fprintf(out, "limited run: %d steps, limit %s (%.0f%% of the unlimited peak); activations need %.2fx the limit\n",
+		cfg.Steps, bytesStr(limit), 100*float64(limit)/float64(peak), float64(peak-m.PersistentBytes())/float64(limit))
+	rep, err := Train(b.dev, b.kernels, cfg)
+	if err != nil {
+		return fmt.Errorf("limited run: %w", err)
+	}
+	printSummary(out, o, baseRep, rep, limit, peak, baseMS)
+	return nil
+}
+
+func printStep(out io.Writer, s Step, dynamic bool) {
+	r := s.Result
+	line := fmt.Sprintf("step %4d  loss %.6f  %9.2f ms  peak %9s  swapped out %.4f GB in %.4f GB  %-10s  swaps %d/%d on-demand %d",
+		s.Index, s.Loss, float64(s.Time.Microseconds())/1000, bytesStr(s.Peak), float64(s.Out)/1e9, float64(s.In)/1e9,
+		r.Stage, r.SwapsOut, r.SwapsIn, r.OnDemand)
+	if dynamic {
+		line += fmt.Sprintf("  pattern %d ops %d changed=%v planned=%v cache_hit=%v", s.Pattern, r.Ops, r.Detect.Changed, r.Planned, r.CacheHit)
+		if r.Detect.Changed {
+			line += " (" + r.Detect.Reason + ")"
+		}
+	} else if r.Planned || r.CacheHit {
+		line += fmt.Sprintf("  planned=%v cache_hit=%v", r.Planned, r.CacheHit)
+	}
+	if r.PlanError != nil {
+		line += "  plan: " + r.PlanError.Error()
+	}
+	fmt.Fprintln(out, line)
+}
+
+func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int64, baseMS float64) {
+	fmt.Fprintln(out, "summary:")
+	if rep == nil {
+		ls := base.Losses()
+		fmt.Fprintf(out, "  loss %.6f -> %.6f over %d steps without a limit (min %.6f); peak %s, step %.2f ms\n",
+			ls[0], ls[len(ls)-1], len(ls), slices.Min(ls), bytesStr(peak), baseMS)
+		return
+	}
+	ls := rep.Losses()
+	st := rep.Stats
+	fmt.Fprintf(out, "  loss %.6f -> %.6f over %d steps (min %.6f)\n", ls[0], ls[len(ls)-1], len(ls), slices.Min(ls))
+	fmt.Fprintf(out, "  device memory: limit %s, peak %s (%s), unlimited peak %s; saved activations %s = %.2fx the limit\n",
+		bytesStr(limit), bytesStr(st.PeakDeviceBytes), okStr(st.PeakDeviceBytes <= limit, "within the limit", "OVER THE LIMIT"),
+		bytesStr(peak), bytesStr(o.model.SavedActivationBytes()), float64(o.model.SavedActivationBytes())/float64(limit))
+	stable := func(s Step) bool { return s.Result.Stage == seq.Stable }
+	steady := rep.Steps[min(1, len(rep.Steps)-1):]
+	ms := medianMS(steady, stable)
+	what := "STABLE steps"
+	if math.IsNaN(ms) {
+		ms, what = medianMS(steady, nil), "steps after the first"
+	}
+	fmt.Fprintf(out, "  step time: %.2f ms without the limit, %.2f ms with it (median of %s): %+.1f%%\n",
+		baseMS, ms, what, 100*(ms/baseMS-1))
+	var out_, in_ int64
+	var n int
+	for _, s := range steady {
+		if what != "STABLE steps" || stable(s) {
+			out_ += s.Out
+			in_ += s.In
+			n++
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(out, "  swapped per step (%s): %.3f GB out, %.3f GB in; total %.3f GB out\n",
+			what, float64(out_)/float64(n)/1e9, float64(in_)/float64(n)/1e9, float64(st.SwappedOutBytes)/1e9)
+	}
+	fmt.Fprintf(out, "  engine: %d policies planned, %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out\n",
+		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut)
+	if k := len(rep.Sims); k > 0 {
+		sim := rep.Sims[k-1]
+		fmt.Fprintf(out, "  simulator (last policy, op times fitted to the unlimited step): predicted %.2f ms = %.2f ms compute + %.2f ms stalls; measured %.2f ms\n",
+			sim.IterationUS/1000, sim.BaseUS/1000, sim.StallUS/1000, ms)
+	}
+	if o.verify {
+		bl := base.Losses()
+		same := len(bl) == len(ls)
+		first := -1
+		for i := range min(len(bl), len(ls)) {
+			if math.Float32bits(bl[i]) != math.Float32bits(ls[i]) {
+				same = false
+				first = i
+				break
+			}
+		}
+		if same {
+			fmt.Fprintf(out, "  loss curve: bitwise identical to the unlimited run over %d steps\n", len(ls))
+		} else {
+			fmt.Fprintf(out, "  loss curve: DIFFERS from the unlimited run (first at step %d)\n", first)
+		}
+	}
+}
+
+func okStr(ok bool, yes, no string) string {
+	if ok {
+		return yes
+	}
+	return no
+}
+
+// medianMS is the median step time of the steps keep accepts (nil: all),
+// NaN when none.
+func medianMS(steps []Step, keep func(Step) bool) float64 {
+	var ts []float64
+	for _, s := range steps {
+		if keep == nil || keep(s) {
+			ts = append(ts, float64(s.Time.Microseconds())/1000)
+		}
+	}
+	if len(ts) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(ts)
+	if len(ts)%2 == 1 {
+		return ts[len(ts)/2]
+	}
+	return (ts[len(ts)/2-1] + ts[len(ts)/2]) / 2
+}
+
+// parseLimit reads a percent of peak or a byte count.
+func parseLimit(s string, peak int64) (int64, error) {
+	s = strings.TrimSpace(s)
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil || f <= 0 || f > 100 {
+			return 0, fmt.Errorf("--limit %q: want a percent in (0, 100]", s)
+		}
+		return int64(float64(peak) * f / 100), nil
+	}
+	if s == "none" || s == "0" {
+		return 0, nil
+	}
+	n, err := parseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("--limit %q: %w", s, err)
+	}
+	return n, nil
+}
+
+// parseBytes reads 123, 1e9, 512KiB, 64MiB, 12GiB, 1.5GB.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mul    float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mul := 1.0
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mul = strings.TrimSpace(v), u.mul
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f < 0 {
+		return 0, fmt.Errorf("want a byte count such as 512MiB or 12GiB")
+	}
+	return int64(f * mul), nil
+}
+
+func minSwap(s string, m Model) (int64, error) {
+	if s == "auto" {
+		return min(1<<20, int64(m.Batch)*int64(m.Width)*4), nil
+	}
+	return parseBytes(s)
+}
+
+func bytesStr(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

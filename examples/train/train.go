@@ -1,0 +1,207 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/examples/train/compute"
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Config is one training run.
+type Config struct {
+	Model
+	Steps        int
+	LR, Momentum float32
+	Seed         uint64
+	// Limit is the Engine's device memory limit in bytes.
+	Limit int64
+	// Dynamic leaves a random set of blocks out for Phase steps at a time,
+	// choosing among Patterns sets (see skipPatterns).
+	Dynamic         bool
+	Phase, Patterns int
+	// MinSwap is the smallest tensor the planner swaps (0: the Engine's
+	// default, 1 MiB).
+	MinSwap int64
+	// Link is the host link's bandwidth each way in bytes/s the planner
+	// models (0: the Engine's default, the measured H200 link).
+	Link float64
+	// StepMS, when positive, is the step time of the same model with no
+	// limit: the planner's op times are fitted to it instead of to the
+	// profiled step (see fittedEstimator).
+	StepMS float64
+	// Estimator prices ops before fitting (nil: layer.Default, the H200
+	// cost model).
+	Estimator layer.Estimator
+	// Options are passed to chameleon.New last.
+	Options []chameleon.Option
+	// Progress, when set, gets each step as it ends.
+	Progress func(Step)
+}
+
+// Step is what one step did.
+type Step struct {
+	Index  int
+	Loss   float32
+	Time   time.Duration
+	Result chameleon.Result
+	// Bytes copied to the host and back during the step, planned and
+	// forced (Result counts only planned swap-outs).
+	Out, In int64
+	// Peak device bytes the Engine's allocator handed out so far.
+	Peak    int64
+	Pattern int // the skip pattern in force (dynamic runs)
+}
+
+// Report is a whole run.
+type Report struct {
+	Config Config
+	Steps  []Step
+	Stats  chameleon.Stats
+	// Sims are the simulated timelines of the policies planned, in order.
+	Sims []*simulate.Result
+}
+
+// Losses returns the loss of every step.
+func (r *Report) Losses() []float32 {
+	out := make([]float32, len(r.Steps))
+	for i, s := range r.Steps {
+		out[i] = s.Loss
+	}
+	return out
+}
+
+// recorder plans as the Engine's default planner does (mre.Plan with the
+// same link and size threshold) and keeps each policy's simulated
+// timeline, so the program can set the simulator's predicted step time
+// beside the measured one. The Engine does not report it itself.
+type recorder struct {
+	opts []mre.Option
+	sims []*simulate.Result
+}
+
+func (p *recorder) Plan(in mre.Input) (*mre.Policy, error) {
+	pol, err := mre.Plan(in, p.opts...)
+	if err != nil {
+		return nil, err
+	}
+	if pol.Sim != nil {
+		p.sims = append(p.sims, pol.Sim)
+	}
+	return pol, nil
+}
+
+// fittedEstimator fits the op times to the step time measured without a
+// limit. The profiled step the Engine plans from already runs under the
+// limit, so its time includes the stalls of forced swaps; fitting to it
+// would count those stalls as compute and the simulator would predict them
+// twice. Fitted to the unlimited time, the simulator predicts what a
+// policy adds to a step that does not swap.
+type fittedEstimator struct {
+	base   layer.Estimator
+	stepMS float64
+}
+
+func (e fittedEstimator) Estimate(it *trace.Iteration) []float64 {
+	if e.stepMS <= 0 {
+		return e.base.Estimate(it)
+	}
+	c := *it
+	c.TimeMS = e.stepMS
+	return e.base.Estimate(&c)
+}
+
+// Kernels makes the kernel set for the Engine's compute stream.
+type Kernels func(compute device.Stream) (compute.Kernels, error)
+
+// Train runs cfg on dev: a fresh Engine and a freshly initialized model,
+// so two runs with the same seed start from the same bits.
+func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err error) {
+	if cfg.Steps < 1 {
+		return nil, fmt.Errorf("steps %d: want at least 1", cfg.Steps)
+	}
+	rec := &recorder{}
+	est := cfg.Estimator
+	if est == nil {
+		est = layer.Default()
+	}
+	opts := []chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit), chameleon.WithPlanner(rec),
+		chameleon.WithEstimator(fittedEstimator{base: est, stepMS: cfg.StepMS})}
+	if cfg.MinSwap > 0 {
+		opts = append(opts, chameleon.WithMinSwapBytes(cfg.MinSwap))
+		rec.opts = append(rec.opts, mre.WithMinBytes(cfg.MinSwap))
+	}
+	if cfg.Link > 0 {
+		opts = append(opts, chameleon.WithLinkBandwidth(cfg.Link))
+		rec.opts = append(rec.opts, mre.WithLink(simulate.H200().Scaled(cfg.Link)))
+	}
+	eng, err := chameleon.New(dev, append(opts, cfg.Options...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := eng.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	k, err := newKernels(eng.ComputeStream())
+	if err != nil {
+		return nil, err
+	}
+	n, err := newNet(eng, k, cfg.Model, cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	var pats [][]bool
+	if cfg.Dynamic {
+		pats = skipPatterns(cfg.Layers, max(cfg.Patterns, 2), cfg.Seed)
+	}
+	choose := newChooser(cfg.Seed, len(pats), max(cfg.Phase, 1))
+	rep = &Report{Config: cfg}
+	var prev chameleon.Stats
+	for i := range cfg.Steps {
+		var skip []bool
+		pat := 0
+		if pats != nil {
+			pat = choose(i)
+			skip = pats[pat]
+		}
+		start := time.Now()
+		loss, res, err := n.step(i, skip, cfg.LR, cfg.Momentum)
+		if err != nil {
+			return rep, err
+		}
+		st := eng.Stats()
+		s := Step{Index: i, Loss: loss, Time: time.Since(start), Result: res, Pattern: pat,
+			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes}
+		prev = st
+		rep.Steps = append(rep.Steps, s)
+		if cfg.Progress != nil {
+			cfg.Progress(s)
+		}
+	}
+	if err := dev.SyncStream(eng.ComputeStream()); err != nil {
+		return rep, err
+	}
+	rep.Stats = eng.Stats()
+	rep.Sims = slices.Clone(rec.sims)
+	return rep, nil
+}
+
+// newChooser picks the skip pattern of each step: pattern 0 for the first
+// phase, then a seeded random one per phase of the given length.
+func newChooser(seed uint64, patterns, phase int) func(step int) int {
+	return func(step int) int {
+		p := step / phase
+		if p == 0 || patterns < 2 {
+			return 0
+		}
+		return int(compute.Hash(seed^0xd1a, uint64(p)) % uint64(patterns))
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/examples/train/compute"
+	"github.com/chameleon-go/chameleon/seq"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// small is a model that trains in a few milliseconds a step, with
+// activations several times the persistent state, so that half the peak
+// can only be met by swapping activations.
+func small(t *testing.T) Config {
+	m := Model{Layers: 6, Width: 32, FFN: 32, In: 16, Out: 8, TeacherHidden: 32, Batch: 256}
+	steps := 30
+	if testing.Short() {
+		steps = 16 // past WARMUP (5) and GEN_POLICY (3): STABLE steps run a policy
+	}
+	return Config{Model: m, Steps: steps, LR: 0.02, Momentum: 0.9, Seed: 7, MinSwap: 4 << 10}
+}
+
+func hostKernels(d *host.Device) Kernels {
+	return func(s device.Stream) (compute.Kernels, error) { return compute.NewHost(d, s, 2), nil }
+}
+
+func newHost(t *testing.T) *host.Device {
+	d, err := host.New(1 << 30)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// unlimited runs cfg on a reservation no step can fill.
+func unlimited(t *testing.T, d *host.Device, cfg Config) *Report {
+	cfg.Limit = cfg.UpperBoundBytes()
+	rep, err := Train(d, hostKernels(d), cfg)
+	require.NoError(t, err)
+	require.Zero(t, rep.Stats.SwapsOut, "the unlimited run swapped: UpperBoundBytes is not an upper bound")
+	return rep
+}
+
+func requireSameBits(t *testing.T, want, got []float32) {
+	t.Helper()
+	require.Len(t, got, len(want))
+	for i := range want {
+		require.Equal(t, math.Float32bits(want[i]), math.Float32bits(got[i]),
+			"step %d: loss %v with the limit, %v without", i, got[i], want[i])
+	}
+}
+
+func mean(x []float32) float64 {
+	var s float64
+	for _, v := range x {
+		s += float64(v)
+	}
+	return s / float64(len(x))
+}
+
+// TestLimitKeepsLossBits is the example's claim: under a limit of half the
+// unlimited peak the Engine swaps, stays under the limit, and the model
+// learns exactly what it learns without the limit, bit for bit.
+func TestLimitKeepsLossBits(t *testing.T) {
+	cfg := small(t)
+	free := unlimited(t, newHost(t), cfg)
+	peak := free.Stats.PeakDeviceBytes
+
+	cfg.Limit = peak / 2
+	d := newHost(t)
+	rep, err := Train(d, hostKernels(d), cfg)
+	require.NoError(t, err)
+
+	requireSameBits(t, free.Losses(), rep.Losses())
+	st := rep.Stats
+	assert.Positive(t, st.SwappedOutBytes, "half the peak must force swaps")
+	assert.Positive(t, st.SwappedInBytes)
+	assert.LessOrEqual(t, st.PeakDeviceBytes, cfg.Limit, "the Engine's allocator went over the limit")
+	assert.LessOrEqual(t, d.PeakAllocated(), cfg.Limit, "the device held more than the Engine's reservation")
+	assert.Positive(t, st.Replans, "a policy was planned")
+	assert.Equal(t, seq.Stable, rep.Steps[len(rep.Steps)-1].Result.Stage)
+
+	ls := rep.Losses()
+	first, last := mean(ls[:3]), mean(ls[len(ls)-3:])
+	assert.Less(t, last, 0.5*first, "the loss must fall: %v", ls)
+	t.Logf("peak %d without a limit, %d under %d; swapped %d bytes out; loss %.4f -> %.4f",
+		peak, st.PeakDeviceBytes, cfg.Limit, st.SwappedOutBytes, ls[0], ls[len(ls)-1])
+}
+
+// TestDynamicSequence skips blocks in phases: each switch must be detected,
+// a pattern seen for the first time planned, and one seen before adopted
+// from the policy cache, with the losses still those of the unlimited run.
+func TestDynamicSequence(t *testing.T) {
+	cfg := small(t)
+	cfg.Dynamic, cfg.Phase, cfg.Patterns = true, 4, 2
+	cfg.Steps = 32
+	quick := seq.DefaultConfig()
+	quick.M, quick.N = 2, 1
+	cfg.Options = []chameleon.Option{chameleon.WithDetection(quick)}
+	free := unlimited(t, newHost(t), cfg)
+
+	cfg.Limit = free.Stats.PeakDeviceBytes / 2
+	d := newHost(t)
+	rep, err := Train(d, hostKernels(d), cfg)
+	require.NoError(t, err)
+	requireSameBits(t, free.Losses(), rep.Losses())
+
+	var changed, planned, hits int
+	pats := map[int]bool{}
+	for _, s := range rep.Steps {
+		r := s.Result
+		pats[s.Pattern] = true
+		if r.Detect.Changed {
+			changed++
+			assert.NotEqual(t, rep.Steps[s.Index-1].Pattern, s.Pattern, "step %d: change detected with no switch", s.Index)
+			assert.True(t, strings.Contains(r.Detect.Reason, "length"), "a quarter of the blocks is a length change: %s", r.Detect.Reason)
+		} else if s.Index > 0 {
+			assert.Equal(t, rep.Steps[s.Index-1].Pattern, s.Pattern, "step %d: pattern switch not detected", s.Index)
+		}
+		if r.Planned {
+			planned++
+		}
+		if r.CacheHit {
+			hits++
+		}
+	}
+	assert.Len(t, pats, 2, "both patterns ran")
+	assert.Positive(t, changed)
+	assert.GreaterOrEqual(t, planned, 2, "each pattern planned once")
+	assert.Positive(t, hits, "a recurring pattern reuses its policy")
+	assert.Equal(t, hits, rep.Stats.CacheHits)
+	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit)
+	assert.Positive(t, rep.Stats.SwappedOutBytes)
+	t.Logf("%d changes, %d plans, %d cache hits over %d steps", changed, planned, hits, len(rep.Steps))
+}
