@@ -92,7 +92,7 @@ func parse(args []string, out io.Writer) (*options, error) {
 	fs.IntVar(&o.model.In, "in", 64, "input features")
 	fs.IntVar(&o.model.Out, "out", 16, "output features")
 	fs.IntVar(&o.model.TeacherHidden, "teacher", 128, "hidden width of the teacher network")
-	fs.Float64Var(&o.lr, "lr", 0.02, "learning rate")
+	fs.Float64Var(&o.lr, "lr", 0, "learning rate (0: DefaultLR of the width, 0.02 at width 64)")
 	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
 	fs.StringVar(&o.minSwap, "min-swap", "auto", "smallest tensor the planner swaps (auto: 1 MiB, or one batch x width activation when smaller)")
 	fs.Float64Var(&o.hostBW, "host-bw", 0, "host backend: model a host link of this many GB/s each way (0: instantaneous copies)")
@@ -203,7 +203,11 @@ func run(args []string, out io.Writer) error {
 	}
 	defer b.close()
 	m := o.model
-	cfg := Config{Model: m, Steps: o.steps, LR: float32(o.lr), Momentum: float32(o.momentum), Seed: o.seed,
+	lr := float32(o.lr)
+	if lr == 0 {
+		lr = DefaultLR(m.Width)
+	}
+	cfg := Config{Model: m, Steps: o.steps, LR: lr, Momentum: float32(o.momentum), Seed: o.seed,
 		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
