@@ -115,11 +115,20 @@ func (a *arena) removeFree(b *block) {
 	a.free = slices.Delete(a.free, i, i+1)
 }
 
+// preferCandidates bounds how many free blocks take looks at beyond the
+// best fit for one that needs no wait.
+const preferCandidates = 8
+
 // take returns the best-fitting free block of at least size bytes (size is
 // already rounded), split so that it is exactly size when the rest is worth
 // keeping. The remainder inherits the pending events: it is the same memory
 // that was freed behind them. nil means nothing fits.
-func (a *arena) take(size int64) *block {
+//
+// ready, when not nil, says whether a block can be used without waiting:
+// among the preferCandidates best-fitting blocks the first ready one is
+// taken, so that a request does not queue behind a copy still in flight
+// when an idle block of about the same size is free.
+func (a *arena) take(size int64, ready func(*block) bool) *block {
 	i, _ := slices.BinarySearchFunc(a.free, size, func(x *block, s int64) int {
 		if x.size < s {
 			return -1
@@ -128,6 +137,14 @@ func (a *arena) take(size int64) *block {
 	})
 	if i == len(a.free) {
 		return nil
+	}
+	if ready != nil {
+		for j := i; j < len(a.free) && j < i+preferCandidates; j++ {
+			if ready(a.free[j]) {
+				i = j
+				break
+			}
+		}
 	}
 	b := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)

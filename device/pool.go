@@ -148,12 +148,13 @@ func (p *pool) get(what string, size int64, s Stream, grow func(int64) error) (*
 		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrInvalidValue)
 	}
 	need := p.a.roundUp(size)
-	b := p.a.take(need)
+	ready := func(b *block) bool { return p.readyFor(b, s) }
+	b := p.a.take(need, ready)
 	if b == nil && p.cfg.growth > 0 {
 		if err := grow(max(need, p.a.roundUp(p.cfg.growth))); err != nil {
 			return nil, fmt.Errorf("%s: alloc %d bytes: grow: %w", what, size, err)
 		}
-		b = p.a.take(need)
+		b = p.a.take(need, ready)
 	}
 	if b == nil {
 		st := p.a.stats()
@@ -173,6 +174,24 @@ func (p *pool) get(what string, size int64, s Stream, grow func(int64) error) (*
 	}
 	p.a.release(b)
 	return b, nil
+}
+
+// readyFor reports whether stream s can use b without waiting: every event
+// guarding it was recorded on s (FIFO covers it) or has completed (then it
+// is dropped). A block freed behind a copy still in flight is not ready: a
+// best-fit allocator that handed it out would chain the new user to that
+// copy while an idle block waits next to it.
+func (p *pool) readyFor(b *block, s Stream) bool {
+	for _, e := range b.pending {
+		if e.s == s {
+			continue
+		}
+		if done, err := p.dev.Query(e.ev); err != nil || !done {
+			return false
+		}
+	}
+	p.a.prune(b, p.dev.Query)
+	return true
 }
 
 // put frees the block at addr, guarded by ev when hasEv.

@@ -131,6 +131,11 @@ func TestAllocatorStreamAwareReuse(t *testing.T) {
 	require.NoError(t, err)
 	ev, err := d.NewEvent()
 	require.NoError(t, err)
+	// Work still running on s1 when the event is recorded: the event is
+	// pending for the whole test (a completed one would need no wait).
+	hold := make(chan struct{})
+	require.NoError(t, d.Device.(*host.Device).Launch(s1, func() { <-hold }))
+	defer close(hold)
 	require.NoError(t, d.Record(ev, s1))
 
 	p, err := a.Alloc(1<<20, s1)
@@ -383,4 +388,34 @@ func BenchmarkHostPoolGetPut(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func TestAllocatorPrefersIdleBlock(t *testing.T) {
+	d := newCounting(t, 64<<20)
+	a := newAllocator(t, d, 1<<20)
+	s1, err := d.NewStream()
+	require.NoError(t, err)
+	busy, err := d.NewEvent()
+	require.NoError(t, err)
+	hold := make(chan struct{})
+	require.NoError(t, d.Device.(*host.Device).Launch(s1, func() { <-hold }))
+	defer close(hold)
+	require.NoError(t, d.Record(busy, s1))
+
+	const k = 1 << 10
+	x, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	sep, err := a.Alloc(4*k, 0)
+	require.NoError(t, err)
+	y, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	_, err = a.Alloc(512*k-8*k, 0) // the rest, so only x and y can serve
+	require.NoError(t, err)
+	require.NoError(t, a.FreeAfter(x, busy, s1)) // behind a copy still in flight
+	require.NoError(t, a.Free(y))                // idle
+	got, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	assert.Equal(t, y, got, "the idle block, not the one behind the copy")
+	assert.Empty(t, d.takeWaits())
+	_ = sep
 }
