@@ -152,6 +152,13 @@ func isGradient(it *trace.Iteration, lt *Lifetime) bool {
 // allocations) when matching releases against the recorded curve.
 const releaseSlack = 64 << 10
 
+// fits reports whether a storage of n bytes can be what a drop of budget
+// bytes released. A drop can be a little short of the storages it freed:
+// an op may keep a small allocation of its own that no trace line names
+// (on mixtral8-eager a 46 MB release shows as a 45.5 MB drop), so a
+// storage fits within 3% of its size.
+func fits(n, budget int64) bool { return n <= budget+n/32 }
+
 // inferReleases moves each storage's release to where the recorded curve
 // shows it. An op's last use is the earliest a storage can go; the recorded
 // drop after op i tells how many bytes really went. Storages due at i that
@@ -190,7 +197,7 @@ func (m *Model) inferReleases() {
 			if lt.Free != i {
 				continue // released early, inside its last op
 			}
-			if lt.Bytes <= budget {
+			if fits(lt.Bytes, budget) {
 				budget -= lt.Bytes
 				continue
 			}
@@ -203,7 +210,7 @@ func (m *Model) inferReleases() {
 		kept := pending[:0]
 		for _, k := range pending {
 			lt := &m.Lifetimes[k]
-			if lt.Bytes <= budget {
+			if fits(lt.Bytes, budget) {
 				budget -= lt.Bytes
 				lt.Free = i
 				continue
@@ -220,7 +227,7 @@ func (m *Model) inferReleases() {
 		bySizeDesc(due[i+1])
 		for _, k := range due[i+1] {
 			lt := &m.Lifetimes[k]
-			if lt.Bytes <= budget {
+			if fits(lt.Bytes, budget) {
 				budget -= lt.Bytes
 				lt.Free = i
 			}

@@ -57,15 +57,9 @@ func TestModelMatchesRecordedCurve(t *testing.T) {
 	} else {
 		t.Log("../shared/traces not found: checking the bundled trace only")
 	}
-	// The every-op bound. mixtral8-eager is the exception: inferReleases
-	// matches each drop of the recorded curve with storages due by then,
-	// largest first, and in mixtral's backward the expert loop frees many
-	// same-sized storages at once whose last uses interleave; the greedy
-	// match keeps some of them too long, so the model drifts up to ~23%
-	// above the recorded curve at the end of backward. The peak (in the
-	// forward-backward turn) is unaffected. The bound states that, so a
-	// regression (or a fix) shows.
-	opBound := map[string]float64{"mixtral8-eager-bf16": 0.25}
+	// The targets: peak within 2%, every op within 5%. Measured worst:
+	// peak 0.76% and op 1.12% (mixtral8-eager), 0.44% and 1.14%
+	// (llama4-small), at most 0.011% and 0.08% on the larger Llama traces.
 	for name, p := range files {
 		tr, err := trace.ReadFile(p)
 		require.NoError(t, err, name)
@@ -79,11 +73,7 @@ func TestModelMatchesRecordedCurve(t *testing.T) {
 			}
 			worstOp = max(worstOp, oe)
 			assert.Less(t, math.Abs(pe), 0.02, "%s iter %d: peak %d vs recorded", name, k, m.Peak)
-			bound, ok := opBound[name]
-			if !ok {
-				bound = 0.05
-			}
-			assert.Less(t, oe, bound, "%s iter %d: worst op error", name, k)
+			assert.Less(t, oe, 0.05, "%s iter %d: worst op error", name, k)
 		}
 		t.Logf("%-22s %2d iterations: worst peak error %+.3f%%, worst op error %.2f%%", name, len(tr.Iterations), 100*worstPeak, 100*worstOp)
 	}
