@@ -16,24 +16,12 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-const smallTrace = "testdata/llama4-small.jsonl.gz"
-
-func readTrace(t testing.TB, path string) *trace.Trace {
-	t.Helper()
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("trace %s not present: %v", path, err)
-	}
-	tr, err := trace.ReadFile(path)
-	require.NoError(t, err)
-	return tr
-}
 
 // quick detection so a 3-iteration trace reaches STABLE in a few rounds.
 func quick() seq.Config {
@@ -45,7 +33,7 @@ func quick() seq.Config {
 // replaySmall replays the bundled trace at pct of its peak.
 func replaySmall(t *testing.T, pct float64, rounds int, opts ...chameleon.Option) (*replay.Report, *host.Device) {
 	t.Helper()
-	tr := readTrace(t, smallTrace)
+	tr := testtraces.Read(t, testtraces.Small)
 	const scale = 1024
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * pct)
 	dev, err := host.New(limit)
@@ -116,7 +104,7 @@ func TestPolicyCacheSurvivesRestart(t *testing.T) {
 
 	// A restarted job loads the cache: its first iteration adopts the
 	// policy, the next ones run STABLE with no warm-up.
-	tr := readTrace(t, smallTrace)
+	tr := testtraces.Read(t, testtraces.Small)
 	dev, err := host.New(rep.LimitBytes)
 	require.NoError(t, err)
 	defer dev.Close()

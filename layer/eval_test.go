@@ -3,51 +3,25 @@ package layer
 import (
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// tracesDir finds ../shared/traces above the package directory, or "".
-func tracesDir() string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		p := filepath.Join(dir, "..", "shared", "traces")
-		if st, err := os.Stat(p); err == nil && st.IsDir() {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
+// tracesDir is ../shared/traces beside the checkout, or "".
+func tracesDir() string { return testtraces.Dir() }
 
-// repoFile finds a file relative to the repository root (the directory
-// holding go.mod).
+// repoFile is a file relative to the repository root.
 func repoFile(t testing.TB, rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
+	root := testtraces.Root()
+	if root == "" {
+		t.Fatal("no go.mod above the test directory")
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, rel)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatalf("no go.mod above the test directory")
-		}
-		dir = parent
-	}
+	return filepath.Join(root, rel)
 }
 
 var traceCache = map[string]*trace.Trace{}

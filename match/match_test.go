@@ -1,30 +1,16 @@
 package match_test
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-func load(t testing.TB, name string) *trace.Trace {
-	t.Helper()
-	p := filepath.Join("..", "..", "shared", "traces", name)
-	if name == "llama4-small.jsonl.gz" {
-		p = filepath.Join("..", "testdata", name)
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("trace %s not present: %v", name, err)
-	}
-	tr, err := trace.ReadFile(p)
-	require.NoError(t, err)
-	return tr
-}
+func load(t testing.TB, name string) *trace.Trace { return testtraces.Read(t, name) }
 
 // TestMatchQuality measures, on the recorded traces, whether the tensor
 // matched in iteration k+n is the one at the same op position and output

@@ -2,7 +2,6 @@ package memory
 
 import (
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,27 +9,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// findUp finds rel in the test directory or one of its parents, or "".
-func findUp(rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
 
 // curveErrors compares the model with the recorded curve: the relative
 // error of the peak, and the worst relative error at any op.
@@ -44,12 +26,8 @@ func curveErrors(m *Model) (peakErr, maxOpErr float64) {
 }
 
 func TestModelMatchesRecordedCurve(t *testing.T) {
-	files := map[string]string{}
-	if p := findUp("testdata/llama4-small.jsonl.gz"); p != "" {
-		files["testdata/llama4-small"] = p
-	}
-	require.NotEmpty(t, files, "testdata/llama4-small.jsonl.gz is bundled with the repository")
-	if dir := findUp("../shared/traces"); dir != "" {
+	files := map[string]string{"testdata/llama4-small": testtraces.Bundled(t)}
+	if dir := testtraces.Dir(); dir != "" {
 		names, _ := filepath.Glob(filepath.Join(dir, "*.jsonl.gz"))
 		for _, p := range names {
 			files[strings.TrimSuffix(filepath.Base(p), ".jsonl.gz")] = p

@@ -1,8 +1,6 @@
 package replay_test
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -12,6 +10,7 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
@@ -24,13 +23,7 @@ func shared(t *testing.T, name string) *trace.Trace {
 	if testing.Short() {
 		t.Skip("replays of the large traces are skipped in -short mode")
 	}
-	p := filepath.Join("..", "..", "shared", "traces", name)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("shared trace %s not present: %v", name, err)
-	}
-	tr, err := trace.ReadFile(p)
-	require.NoError(t, err)
-	return tr
+	return testtraces.Read(t, name)
 }
 
 // run replays tr at pct of its largest peak and checks what must always
@@ -109,8 +102,7 @@ func TestMixtralUnderLimit(t *testing.T) {
 }
 
 func TestBundledSmall(t *testing.T) {
-	tr, err := trace.ReadFile("../testdata/llama4-small.jsonl.gz")
-	require.NoError(t, err)
+	tr := testtraces.Read(t, testtraces.Small)
 	rep := run(t, tr, 0.85, 1024, 3, 2, 1)
 	assert.Equal(t, 1, rep.Replans)
 	assert.True(t, slices.Equal(rep.Stages[3:], []string{"STABLE", "STABLE", "STABLE", "STABLE", "STABLE", "STABLE"}))

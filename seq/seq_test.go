@@ -3,28 +3,18 @@ package seq_test
 import (
 	"bytes"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"testing/quick"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-func sharedTrace(t testing.TB, name string) *trace.Trace {
-	t.Helper()
-	p := filepath.Join("..", "..", "shared", "traces", name)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("shared trace %s not present: %v", name, err)
-	}
-	tr, err := trace.ReadFile(p)
-	require.NoError(t, err)
-	return tr
-}
+func sharedTrace(t testing.TB, name string) *trace.Trace { return testtraces.Read(t, name) }
 
 // observe runs Encode+Detect over the trace's iterations, rounds times.
 func observe(t testing.TB, tr *trace.Trace, cfg seq.Config, rounds int) []seq.Result {

@@ -6,28 +6,20 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
 const small = "../testdata/llama4-small.jsonl.gz"
 
-// sharedTrace returns the path of a trace in ../shared/traces, skipping the
-// test when the shared traces are not beside the checkout.
-func sharedTrace(t testing.TB, name string) string {
-	t.Helper()
-	p := filepath.Join("..", "..", "shared", "traces", name)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("shared trace %s not present: %v", name, err)
-	}
-	return p
-}
+// sharedTrace is the path of a public trace; the test skips without it.
+func sharedTrace(t testing.TB, name string) string { return testtraces.Path(t, name) }
 
 func TestReadSmall(t *testing.T) {
 	tr, err := trace.ReadFile(small)
