@@ -13,7 +13,6 @@ import (
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-
 // curveErrors compares the model with the recorded curve: the relative
 // error of the peak, and the worst relative error at any op.
 func curveErrors(m *Model) (peakErr, maxOpErr float64) {
