@@ -70,6 +70,7 @@ type options struct {
 	arch          string
 	hostReserve   string
 	verify        bool
+	phaseTimes    bool
 	quiet         bool
 }
 
@@ -100,6 +101,7 @@ func parse(args []string, out io.Writer) (*options, error) {
 	fs.BoolVar(&o.tf32, "tf32", false, "cuda: let cuBLAS use TF32 tensor cores for the fp32 GEMMs")
 	fs.StringVar(&o.arch, "arch", "compute_90", "cuda: NVRTC --gpu-architecture of the elementwise kernels")
 	fs.StringVar(&o.hostReserve, "host-reserve", "0", "pinned host bytes to reserve up front for swapped tensors (0: grow on first need, during warm-up)")
+	fs.BoolVar(&o.phaseTimes, "phase-times", false, "wait for the device at the end of each forward and report forward and backward times apart (one more sync per step)")
 	fs.BoolVar(&o.verify, "verify", false, "run the unlimited baseline for all --steps and compare the loss curves bit for bit")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
 	if err := fs.Parse(args); err != nil {
@@ -208,7 +210,7 @@ func run(args []string, out io.Writer) error {
 		lr = DefaultLR(m.Width)
 	}
 	cfg := Config{Model: m, Steps: o.steps, LR: lr, Momentum: float32(o.momentum), Seed: o.seed,
-		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est}
+		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est, PhaseSync: o.phaseTimes}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
 	}
@@ -341,6 +343,22 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 		sim := rep.Sims[k-1]
 		fmt.Fprintf(out, "  simulator (last policy, op times fitted to the unlimited step): predicted %.2f ms = %.2f ms compute + %.2f ms stalls; measured %.2f ms\n",
 			sim.IterationUS/1000, sim.BaseUS/1000, sim.StallUS/1000, ms)
+		if o.phaseTimes {
+			fmt.Fprintf(out, "  simulator forward: ends at %.2f ms\n", rep.SimForwardUS[k-1]/1000)
+		}
+	}
+	if o.phaseTimes {
+		fwd := func(r *Report) float64 {
+			var v []float64
+			for _, s := range r.Steps[min(1, len(r.Steps)-1):] {
+				v = append(v, float64(s.Forward.Microseconds())/1000)
+			}
+			slices.Sort(v)
+			return v[len(v)/2]
+		}
+		bf, lf := fwd(base), fwd(rep)
+		fmt.Fprintf(out, "  forward (median): %.2f ms without the limit, %.2f ms with it; backward and optimizer: %.2f ms, %.2f ms\n",
+			bf, lf, baseMS-bf, ms-lf)
 	}
 	if o.verify {
 		bl := base.Losses()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"time"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
@@ -103,6 +104,11 @@ type net struct {
 	op      chameleon.Op
 	seed    uint64
 	lossBuf [4]byte
+
+	// phaseSync: wait for the device at the end of the forward and note
+	// when (fwdEnd), for Step.Forward.
+	phaseSync bool
+	fwdEnd    time.Time
 
 	// shapes, shared by every tensor of that shape
 	shBH, shBF, shBO, shBD, shBT, shScalar []int64
@@ -370,6 +376,13 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 		return n.k.MSELoss(loss.Ptr(), pred.Ptr(), y.Ptr(), B*O)
 	}); err != nil {
 		return fail(err)
+	}
+
+	if n.phaseSync {
+		if err := n.eng.Device().SyncStream(n.eng.ComputeStream()); err != nil {
+			return fail(err)
+		}
+		n.fwdEnd = time.Now()
 	}
 
 	// Backward.

@@ -51,6 +51,10 @@ type Config struct {
 	// Estimator prices ops before fitting (nil: layer.Default, the H200
 	// cost model).
 	Estimator layer.Estimator
+	// PhaseSync waits for the device at the end of the forward, so that a
+	// step's forward and backward times are known (Step.Forward). It costs
+	// one more host synchronization per step.
+	PhaseSync bool
 	// Options are passed to chameleon.New last.
 	Options []chameleon.Option
 	// Progress, when set, gets each step as it ends.
@@ -59,10 +63,13 @@ type Config struct {
 
 // Step is what one step did.
 type Step struct {
-	Index  int
-	Loss   float32
-	Time   time.Duration
-	Result chameleon.Result
+	// Forward is the time to the end of the forward on the device, when
+	// Config.PhaseSync is set.
+	Forward time.Duration
+	Index   int
+	Loss    float32
+	Time    time.Duration
+	Result  chameleon.Result
 	// Bytes copied to the host and back during the step, planned and
 	// forced (Result counts only planned swap-outs).
 	Out, In int64
@@ -76,8 +83,10 @@ type Report struct {
 	Config Config
 	Steps  []Step
 	Stats  chameleon.Stats
-	// Sims are the simulated timelines of the policies planned, in order.
-	Sims []*simulate.Result
+	// Sims are the simulated timelines of the policies planned, in order,
+	// and SimForwardUS when each one's forward ends.
+	Sims         []*simulate.Result
+	SimForwardUS []float64
 }
 
 // Losses returns the loss of every step.
@@ -96,6 +105,8 @@ func (r *Report) Losses() []float32 {
 type recorder struct {
 	opts []mre.Option
 	sims []*simulate.Result
+	// fwdEnd is, per policy, when the simulated forward ends (µs).
+	fwdEnd []float64
 }
 
 func (p *recorder) Plan(in mre.Input) (*mre.Policy, error) {
@@ -105,6 +116,13 @@ func (p *recorder) Plan(in mre.Input) (*mre.Policy, error) {
 	}
 	if pol.Sim != nil {
 		p.sims = append(p.sims, pol.Sim)
+		end := 0.0
+		for i, op := range in.Model.Iter.Ops {
+			if op.Phase == trace.PhaseForward && i < len(pol.Sim.Ops) {
+				end = pol.Sim.Ops[i].End
+			}
+		}
+		p.fwdEnd = append(p.fwdEnd, end)
 	}
 	return pol, nil
 }
@@ -185,12 +203,13 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 			skip = pats[pat]
 		}
 		start := time.Now()
+		n.phaseSync = cfg.PhaseSync
 		loss, res, err := n.step(i, skip, cfg.LR, cfg.Momentum)
 		if err != nil {
 			return rep, err
 		}
 		st := eng.Stats()
-		s := Step{Index: i, Loss: loss, Time: time.Since(start), Result: res, Pattern: pat,
+		s := Step{Index: i, Loss: loss, Time: time.Since(start), Forward: n.fwdEnd.Sub(start), Result: res, Pattern: pat,
 			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes}
 		prev = st
 		rep.Steps = append(rep.Steps, s)
@@ -203,6 +222,7 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 	}
 	rep.Stats = eng.Stats()
 	rep.Sims = slices.Clone(rec.sims)
+	rep.SimForwardUS = slices.Clone(rec.fwdEnd)
 	return rep, nil
 }
 
