@@ -22,6 +22,9 @@ type arena struct {
 	segs  []segment
 
 	reserved, allocated, peak int64
+	// frees counts frees: a block's freed stamp orders the blocks by when
+	// their memory was given back.
+	frees uint64
 	// onRef counts references to pool-owned events, so that an event is
 	// recorded again only once no free block refers to it.
 	onRef func(idx int32, delta int)
@@ -38,6 +41,9 @@ type block struct {
 	seg        int
 	prev, next *block
 	free       bool
+	// freed is the arena's free count when the newest memory in the block
+	// was given back (coalescing keeps the newest).
+	freed uint64
 	// pending lists events whose captured work may still use the block's
 	// memory; the next user must make its stream wait for them.
 	pending []pend
@@ -115,9 +121,13 @@ func (a *arena) removeFree(b *block) {
 	a.free = slices.Delete(a.free, i, i+1)
 }
 
-// preferCandidates bounds how many free blocks take looks at beyond the
-// best fit for one that needs no wait.
-const preferCandidates = 8
+// preferCandidates bounds how many free blocks take asks, beyond the best
+// fit, whether they need a wait (a device query each); oldestCandidates how
+// many it compares by age when none is ready.
+const (
+	preferCandidates = 8
+	oldestCandidates = 64
+)
 
 // take returns the best-fitting free block of at least size bytes (size is
 // already rounded), split so that it is exactly size when the rest is worth
@@ -139,18 +149,31 @@ func (a *arena) take(size int64, ready func(*block) bool) *block {
 		return nil
 	}
 	if ready != nil {
-		for j := i; j < len(a.free) && j < i+preferCandidates; j++ {
-			if ready(a.free[j]) {
-				i = j
+		// The first ready candidate among the best fits; failing that, the
+		// fitting block freed longest ago. Its copy is the earliest queued,
+		// so the wait is the shortest: the best fit alone would often be the
+		// block freed last, behind every copy in flight. A host that runs
+		// ahead of its device finds no block ready, and then this is what
+		// keeps reuse in the order the memory was given back.
+		oldest, found := i, false
+		for j := i; j < len(a.free) && j < i+oldestCandidates; j++ {
+			if j < i+preferCandidates && ready(a.free[j]) {
+				i, found = j, true
 				break
 			}
+			if a.free[j].freed < a.free[oldest].freed {
+				oldest = j
+			}
+		}
+		if !found {
+			i = oldest
 		}
 	}
 	b := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)
 	if rest := b.size - size; rest >= a.align {
 		r := a.newBlock()
-		r.addr, r.size, r.seg, r.free = b.addr+uintptr(size), rest, b.seg, true
+		r.addr, r.size, r.seg, r.free, r.freed = b.addr+uintptr(size), rest, b.seg, true, b.freed
 		r.pending = append(r.pending, b.pending...)
 		for _, e := range r.pending {
 			a.ref(e, 1)
@@ -181,12 +204,15 @@ func (a *arena) give(addr uintptr, e pend, hasEv bool) (*block, bool) {
 	delete(a.used, addr)
 	a.allocated -= b.size
 	b.free = true
+	a.frees++
+	b.freed = a.frees
 	if hasEv {
 		b.pending = a.merge(b.pending, e)
 	}
 	if p := b.prev; p != nil && p.free {
 		a.removeFree(p)
 		p.size += b.size
+		p.freed = max(p.freed, b.freed)
 		p.pending = a.merge(p.pending, b.pending...)
 		b.pending = b.pending[:0]
 		p.next = b.next
@@ -199,6 +225,7 @@ func (a *arena) give(addr uintptr, e pend, hasEv bool) (*block, bool) {
 	if n := b.next; n != nil && n.free {
 		a.removeFree(n)
 		b.size += n.size
+		b.freed = max(b.freed, n.freed)
 		b.pending = a.merge(b.pending, n.pending...)
 		n.pending = n.pending[:0]
 		b.next = n.next

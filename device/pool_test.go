@@ -419,3 +419,38 @@ func TestAllocatorPrefersIdleBlock(t *testing.T) {
 	assert.Empty(t, d.takeWaits())
 	_ = sep
 }
+
+func TestAllocatorWaitsOnOldestFree(t *testing.T) {
+	d := newCounting(t, 64<<20)
+	a := newAllocator(t, d, 1<<20)
+	s1, err := d.NewStream()
+	require.NoError(t, err)
+	evA, err := d.NewEvent()
+	require.NoError(t, err)
+	evB, err := d.NewEvent()
+	require.NoError(t, err)
+	hold := make(chan struct{})
+	require.NoError(t, d.Device.(*host.Device).Launch(s1, func() { <-hold }))
+	defer close(hold)
+	require.NoError(t, d.Record(evA, s1))
+	require.NoError(t, d.Record(evB, s1))
+
+	const k = 1 << 10
+	y, err := a.Alloc(256*k, 0) // lower address
+	require.NoError(t, err)
+	sep, err := a.Alloc(4*k, 0)
+	require.NoError(t, err)
+	x, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	_, err = a.Alloc(512*k-8*k, 0)
+	require.NoError(t, err)
+	// Both freed behind copies still in flight; x first. Best fit alone
+	// would take y (same size, lower address) and wait behind both copies.
+	require.NoError(t, a.FreeAfter(x, evA, s1))
+	require.NoError(t, a.FreeAfter(y, evB, s1))
+	got, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	assert.Equal(t, x, got, "the block freed first")
+	assert.Equal(t, []wait{{0, evA}}, d.takeWaits())
+	_ = sep
+}
