@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -43,12 +41,7 @@ func runDetect(args []string, stdout, stderr io.Writer) error {
 	path := tf.path
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
-	cfg := seq.DefaultConfig()
-	fs.Float64Var(&cfg.MinSimilarity, "cosine", cfg.MinSimilarity, "minimum bigram cosine of an unchanged sequence")
-	fs.Float64Var(&cfg.MaxLengthDelta, "length", cfg.MaxLengthDelta, "maximum relative op-count change of an unchanged sequence")
-	fs.Float64Var(&cfg.MaxMemoryDelta, "memory", cfg.MaxMemoryDelta, "maximum relative allocated-bytes change of an unchanged sequence")
-	fs.IntVar(&cfg.M, "m", cfg.M, "unchanged iterations spent in WARMUP")
-	fs.IntVar(&cfg.N, "n", cfg.N, "iterations spent in GEN_POLICY")
+	cfg := detectionFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,10 +51,8 @@ func runDetect(args []string, stdout, stderr io.Writer) error {
 	if *rounds < 1 {
 		return fmt.Errorf("--rounds %d: want at least 1", *rounds)
 	}
-	if seq.DebugEnabled(os.Getenv("CHAMELEON_DEBUG"), "seqchange") {
-		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	rep, err := detect(tf, cfg, *rounds)
+	withDebugLog(cfg, stderr)
+	rep, err := detect(tf, *cfg, *rounds)
 	if err != nil {
 		return err
 	}

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"image/color"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/chameleon-go/chameleon"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -119,7 +119,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("--estimator: unknown %q (have %s)", *est, strings.Join(estimatorNames(), ", "))
 	}
-	mb, err := parseBytes(*minBytes)
+	mb, err := chameleon.ParseBytes(*minBytes)
 	if err != nil {
 		return fmt.Errorf("--min-bytes: %w", err)
 	}
@@ -190,7 +190,7 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	for _, v := range curve {
 		peak = max(peak, v)
 	}
-	limit, err := parseLimit(cfg.limit, peak)
+	limit, err := chameleon.ParseLimit(cfg.limit, peak)
 	if err != nil {
 		return nil, fmt.Errorf("--limit: %w", err)
 	}
@@ -276,48 +276,9 @@ func printPlan(w io.Writer, r *planReport) {
 
 func fmtBytes(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
 
-// parseLimit reads a byte size or a percentage of peak.
-func parseLimit(s string, peak int64) (int64, error) {
-	s = strings.TrimSpace(s)
-	if p, ok := strings.CutSuffix(s, "%"); ok {
-		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
-		if err != nil || !(v > 0) || math.IsInf(v, 0) {
-			return 0, fmt.Errorf("bad percentage %q", s)
-		}
-		return int64(float64(peak) * v / 100), nil
-	}
-	return parseBytes(s)
-}
-
-var byteUnits = []struct {
-	suffix string
-	mult   float64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1},
-}
-
-// parseBytes reads "12GiB", "12GB", "12e9" or "12884901888".
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	mult := 1.0
-	for _, u := range byteUnits {
-		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mult = strings.TrimSpace(v), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return int64(v * mult), nil
-}
-
 // parseBandwidth reads "55GB/s" (bytes per second; "/s" optional).
 func parseBandwidth(s string) (float64, error) {
-	v, err := parseBytes(strings.TrimSuffix(strings.TrimSpace(s), "/s"))
+	v, err := chameleon.ParseBytes(strings.TrimSuffix(strings.TrimSpace(s), "/s"))
 	if err != nil {
 		return 0, err
 	}

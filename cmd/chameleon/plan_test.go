@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/chameleon-go/chameleon"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -223,7 +225,7 @@ func TestParseLimit(t *testing.T) {
 		{"-1", 0, true},
 	}
 	for _, tt := range tests {
-		got, err := parseLimit(tt.give, 1000)
+		got, err := chameleon.ParseLimit(tt.give, 1000)
 		if tt.err {
 			assert.Error(t, err, tt.give)
 			continue

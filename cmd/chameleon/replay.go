@@ -13,7 +13,6 @@ import (
 	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/replay"
-	"github.com/chameleon-go/chameleon/seq"
 )
 
 func init() {
@@ -31,9 +30,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
-	cfg := seq.DefaultConfig()
-	fs.IntVar(&cfg.M, "m", cfg.M, "unchanged iterations spent in WARMUP")
-	fs.IntVar(&cfg.N, "n", cfg.N, "iterations spent in GEN_POLICY")
+	cfg := detectionFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -48,15 +45,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	peak := replay.PeakBytes(tr) / *scale
-	var limit int64
-	if strings.HasSuffix(strings.TrimSpace(*limitS), "%") {
-		limit, err = parseLimit(*limitS, peak)
-	} else {
-		limit, err = parseLimit(*limitS, peak)
-		limit /= *scale
-	}
+	limit, err := chameleon.ParseLimit(*limitS, peak)
 	if err != nil {
 		return fmt.Errorf("--limit: %w", err)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(*limitS), "%") {
+		limit /= *scale // bytes of the recorded trace: scale them too
 	}
 	var dev device.Device
 	peakOf := func() int64 { return -1 }
@@ -78,7 +72,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--device %q: want host or cuda", *devName)
 	}
 	defer dev.Close()
-	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, Options: []chameleon.Option{chameleon.WithDetection(cfg)}}
+	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, Options: []chameleon.Option{chameleon.WithDetection(*cfg)}}
 	if !*quiet {
 		rc.Progress = stderr
 	}

@@ -214,7 +214,7 @@ func run(args []string, out io.Writer) error {
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
 	}
-	reserve, err := parseBytes(o.hostReserve)
+	reserve, err := chameleon.ParseBytes(o.hostReserve)
 	if err != nil {
 		return fmt.Errorf("--host-reserve: %w", err)
 	}
@@ -418,38 +418,18 @@ func parseLimit(s string, peak int64) (int64, error) {
 	if s == "none" || s == "0" {
 		return 0, nil
 	}
-	n, err := parseBytes(s)
+	n, err := chameleon.ParseBytes(s)
 	if err != nil {
 		return 0, fmt.Errorf("--limit %q: %w", s, err)
 	}
 	return n, nil
 }
 
-// parseBytes reads 123, 1e9, 512KiB, 64MiB, 12GiB, 1.5GB.
-func parseBytes(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mul    float64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
-	mul := 1.0
-	for _, u := range units {
-		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mul = strings.TrimSpace(v), u.mul
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f < 0 {
-		return 0, fmt.Errorf("want a byte count such as 512MiB or 12GiB")
-	}
-	return int64(f * mul), nil
-}
-
 func minSwap(s string, m Model) (int64, error) {
 	if s == "auto" {
 		return min(1<<20, int64(m.Batch)*int64(m.Width)*4), nil
 	}
-	return parseBytes(s)
+	return chameleon.ParseBytes(s)
 }
 
 func bytesStr(n int64) string {

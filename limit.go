@@ -1,0 +1,50 @@
+package chameleon
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+var byteUnits = []struct {
+	suffix string
+	mult   float64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1},
+}
+
+// ParseBytes reads a byte count as people write one: "12884901888",
+// "12e9", "512KiB", "12GiB", "1.5GB" (binary units for KiB/MiB/GiB and the
+// bare K/M/G, decimal for KB/MB/GB).
+func ParseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := 1.0
+	for _, u := range byteUnits {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = strings.TrimSpace(v), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return int64(v * mult), nil
+}
+
+// ParseLimit reads a memory limit: a byte count (ParseBytes) or a
+// percentage of peak ("70%").
+func ParseLimit(s string, peak int64) (int64, error) {
+	s = strings.TrimSpace(s)
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
+			return 0, fmt.Errorf("bad percentage %q", s)
+		}
+		return int64(float64(peak) * v / 100), nil
+	}
+	return ParseBytes(s)
+}

@@ -1,0 +1,36 @@
+package chameleon_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon"
+)
+
+func TestParseLimit(t *testing.T) {
+	tests := []struct {
+		give string
+		want int64
+		err  bool
+	}{
+		{"70%", 700, false},
+		{"12GiB", 12 << 30, false},
+		{"12GB", 12e9, false},
+		{"1e3", 1000, false},
+		{"512 MiB", 512 << 20, false},
+		{"x%", 0, true},
+		{"-1", 0, true},
+		{"0%", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := chameleon.ParseLimit(tt.give, 1000)
+		if tt.err {
+			assert.Error(t, err, tt.give)
+			continue
+		}
+		require.NoError(t, err, tt.give)
+		assert.Equal(t, tt.want, got, tt.give)
+	}
+}
