@@ -716,12 +716,22 @@ func (it *Iteration) After(op *Op) error {
 	tok := e.enc.Record(op.Name, op.Overload, fresh)
 	p := e.policy
 	if fresh > 0 {
+		// Features are needed to match a policy's tensors, or to plan one
+		// from this iteration's profile; otherwise hashing is wasted.
+		need := p != nil || it.detail != nil
+		var stack uint64
+		if need {
+			stack = match.Hash(op.Module)
+		}
 		for _, t := range op.Out {
 			if t.produced {
 				continue
 			}
 			t.produced = true
-			t.feat = match.Features{Ptr: uint64(t.ptr), Stack: match.Hash(op.Module), Producer: uint32(tok), Shape: match.ShapeHash(t.shape)}
+			if !need {
+				continue
+			}
+			t.feat = match.Features{Ptr: uint64(t.ptr), Stack: stack, Producer: uint32(tok), Shape: match.ShapeHash(t.shape)}
 			if p != nil {
 				if k, _ := p.matcher.Match(t.feat); k >= 0 {
 					p.live[k], t.plan = t, int32(k)
