@@ -584,7 +584,7 @@ type seqSeen struct {
 // or adds one.
 func (e *Engine) seqIndex(k policyKey) int {
 	for i, s := range e.seqs {
-		if s.key.Hash == k.Hash && s.key.Ops == k.Ops && relDiff(k.Bytes, s.key.Bytes) <= e.cfg.detect.MaxMemoryDelta {
+		if k.same(s.key, e.cfg.detect.MaxMemoryDelta) {
 			return i
 		}
 	}

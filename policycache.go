@@ -21,6 +21,12 @@ type policyKey struct {
 	Bytes int64  `json:"bytes"`
 }
 
+// same reports whether two signatures name the same sequence: equal op
+// names in order and, within memDelta, the same allocated bytes.
+func (k policyKey) same(o policyKey, memDelta float64) bool {
+	return k.Hash == o.Hash && k.Ops == o.Ops && relDiff(k.Bytes, o.Bytes) <= memDelta
+}
+
 // policyCache keeps the policies of the sequences seen, so a sequence that
 // comes back (dynamic sequence lengths: 2048 -> 1024 -> 2048) reuses its
 // policy with no new warm-up.
@@ -32,7 +38,7 @@ func newPolicyCache() *policyCache { return &policyCache{byHash: map[uint64][]*p
 
 func (c *policyCache) get(k policyKey, memDelta float64) *policy {
 	for _, p := range c.byHash[k.Hash] {
-		if p.key.Ops == k.Ops && relDiff(k.Bytes, p.key.Bytes) <= memDelta {
+		if k.same(p.key, memDelta) {
 			return p
 		}
 	}
