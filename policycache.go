@@ -130,6 +130,8 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 	if in.Format != policyFormat {
 		return fmt.Errorf("chameleon: policies %s: field \"format\": %q, want %q", name, in.Format, policyFormat)
 	}
+	// All or nothing: a damaged file adds no policy.
+	loaded := make([]*policy, 0, len(in.Policies))
 	for i, sp := range in.Policies {
 		if len(sp.Tensors) != len(sp.Swaps) {
 			return fmt.Errorf("chameleon: policies %s: policies[%d]: %d swaps but %d tensors", name, i, len(sp.Swaps), len(sp.Tensors))
@@ -144,7 +146,10 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 				Producer: uint32(e.enc.Vocab.Token(t.Name, t.Overload)), Shape: match.ShapeHash(t.Shape)}
 			names[j] = plannedProducer{Name: t.Name, Overload: t.Overload, Module: t.Module, Shape: t.Shape}
 		}
-		e.cache.put(newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names))
+		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names))
+	}
+	for _, p := range loaded {
+		e.cache.put(p)
 	}
 	return nil
 }

@@ -192,3 +192,22 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// FuzzReadKernels: the kernel-times reader returns an error or ops in seq
+// order with non-negative times, never panics.
+func FuzzReadKernels(f *testing.F) {
+	f.Add([]byte(`{"format":"optrace-kernels/v1","iteration_ms":1,"ops":[{"seq":0,"name":"aten::mm","overload":"default","kernel_us":3.5}]}`))
+	f.Add([]byte(`{"format":"optrace-kernels/v1","ops":[{"seq":1}]}`))
+	f.Add([]byte{0x1f, 0x8b, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		k, err := trace.ReadKernels(bytes.NewReader(data), "fuzz")
+		if err != nil {
+			return
+		}
+		for i, op := range k.Ops {
+			if op.Seq != i || op.KernelUS < 0 {
+				t.Fatalf("op %d: seq %d, %g us", i, op.Seq, op.KernelUS)
+			}
+		}
+	})
+}
