@@ -107,8 +107,14 @@ func (e *Engine) SavePolicies(w io.Writer) error {
 	out := savedCache{Format: policyFormat}
 	for _, ps := range e.cache.byHash {
 		for _, p := range ps {
-			sp := savedPolicy{Key: p.key, Swaps: p.swaps}
+			// Swaps of persistent tensors name this process's handles and
+			// are left out: a restarted job has other ones.
+			sp := savedPolicy{Key: p.key}
 			for i, n := range p.names {
+				if p.fixed[i] != nil {
+					continue
+				}
+				sp.Swaps = append(sp.Swaps, p.swaps[i])
 				sp.Tensors = append(sp.Tensors, savedPlanTensor{Ptr: p.feats[i].Ptr, Name: n.Name, Overload: n.Overload, Module: n.Module, Shape: n.Shape})
 			}
 			out.Policies = append(out.Policies, sp)
@@ -146,7 +152,7 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 				Producer: uint32(e.enc.Vocab.Token(t.Name, t.Overload)), Shape: match.ShapeHash(t.Shape)}
 			names[j] = plannedProducer{Name: t.Name, Overload: t.Overload, Module: t.Module, Shape: t.Shape}
 		}
-		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names))
+		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names, nil))
 	}
 	for _, p := range loaded {
 		e.cache.put(p)

@@ -60,8 +60,8 @@ func MRL(curve []int64, limit int64) []Point {
 	return out
 }
 
-// Candidate is one idle gap of one activation: it is used by op Out, then
-// by no op until op Use. Swapping it over the gap can relieve any point in
+// Candidate is one idle gap of one storage: it is used by op Out, then by
+// no op until op Use. Swapping it over the gap can relieve any point in
 // (Out, Use).
 type Candidate struct {
 	Tensor trace.TensorID
@@ -70,10 +70,13 @@ type Candidate struct {
 	Use    int
 }
 
-// Candidates lists the gaps of the model's activations (not parameters,
-// optimizer state or inputs, not live at entry) of at least minBytes whose
-// gap holds at least one op after which the curve is over limit. A tensor
-// with several gaps gives several candidates.
+// Candidates lists the idle gaps of at least minBytes that hold at least
+// one op after which the curve is over limit: gaps of activations, and
+// gaps between two uses inside the iteration of parameters and optimizer
+// state (a weight idle from its layer's forward to its backward). Inputs
+// and activations made before the iteration are left alone: the host
+// hands them in and may hold them elsewhere. A tensor with several gaps
+// gives several candidates.
 func Candidates(m *memory.Model, curve []int64, limit, minBytes int64) []Candidate {
 	n := len(curve)
 	over := make([]int32, n+1) // prefix count of points over the limit
@@ -86,7 +89,9 @@ func Candidates(m *memory.Model, curve []int64, limit, minBytes int64) []Candida
 	var out []Candidate
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if lt.LiveIn || lt.Alloc < 0 || lt.Tensor.Kind != trace.KindActivation || lt.Bytes < minBytes || lt.Bytes == 0 {
+		k := lt.Tensor.Kind
+		movable := k.Persistent() || (k == trace.KindActivation && !lt.LiveIn && lt.Alloc >= 0)
+		if !movable || lt.Bytes < minBytes || lt.Bytes == 0 {
 			continue
 		}
 		for u := 1; u < len(lt.Uses); u++ {

@@ -67,7 +67,7 @@ func checkRecorded(t *testing.T, it *trace.Iteration, rep *planReport) {
 		i, f, k, j := bySeq[s.Out], bySeq[s.Free], bySeq[s.In], bySeq[s.Use]
 		require.True(t, i < f && f < k && k <= j, "%+v", s)
 		require.True(t, touches(&it.Ops[i], s.Tensor) && touches(&it.Ops[j], s.Tensor), "%+v", s)
-		require.Equal(t, trace.KindActivation, it.Tensors[s.Tensor].Kind)
+		require.NotEqual(t, trace.KindInput, it.Tensors[s.Tensor].Kind, "inputs are the host's")
 		for o := i + 1; o < j; o++ {
 			require.False(t, touches(&it.Ops[o], s.Tensor), "op %d uses %+v", o, s)
 		}
