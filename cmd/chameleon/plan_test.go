@@ -260,16 +260,22 @@ between a swap's two uses touches the tensor.
 const planDocTail = `
 ## Reading it
 
-- At 90% of peak, the GPU-bound traces (llama16-bf16, llama7b-8l-bf16) swap for at most 1.3%
+- At 90% of peak, the GPU-bound traces (llama16-bf16, llama7b-8l-bf16) swap for at most 0.7%
   (the bound is 0%: the 2 GB that must move fit behind the forward, but the plan's copies
   queue behind each other near the peak).
 - Deeper cuts are link-bound: each GB costs ~18 ms per direction, and the forward before the
-  peak is too short to push the excess out. The plans stay within 1.01-1.14x of the bound
+  peak is too short to push the excess out. The plans stay within 1.00-1.10x of the bound
   wherever it exceeds 1% (the test checks 1.25x); what is left is the bound's optimism (it
   ignores when a tensor is produced, queueing and the congestion of both directions at once).
-- llama16-bf16-ckpt cannot be cut by swapping at any of these limits: at the loss backward
-  (op 1263) the tensors in use (3.0 GB of logits and their gradients), the parameters and the
-  optimizer state are ~92.6% of the 8.29 GiB peak, leaving only ~0.6 GB of idle activations.
+- Candidates are activations and, over their gaps inside the iteration, parameters and
+  optimizer state (a weight is idle from its layer's forward to its backward). That is what
+  makes llama16-bf16-ckpt plannable at all: at the loss backward (op 1263) the tensors in use
+  (3.0 GB of logits and their gradients), the parameters and the optimizer state are ~92.6% of
+  its 8.29 GiB peak, leaving only ~0.6 GB of idle activations; with the weights movable, 90%
+  costs 0.0% and 80% 3.7%. Recompute and swap together: 6.6 GiB at ~155 ms against the
+  18.43 GiB at 116 ms of the same model without either. Below 80% the optimizer state, idle
+  from one step's optimizer to the next (a gap across the iteration boundary, which plans do
+  not cover yet), is what is left.
 - Swap versus the measured recompute: activation checkpointing brings llama16 from 18.43 GiB
   at 116 ms to 8.29 GiB at ~150 ms (+26%), a 55% cut. Swapping alone beats that only for shallow
   cuts: 90% of peak is free and 80% costs less than recompute's 26% on llama7b-8l, but on
