@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/chameleon-go/chameleon"
 
 	"gonum.org/v1/plot"
@@ -225,14 +227,25 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	rep.IterationMSBase = base / 1000
 	b := mre.LowerBound(curve, limit, in.OpTimes, link.D2H, link.H2D)
 	rep.OverheadPctBound = b.OverheadPct
-	all := mre.SwapAll(m)
-	if sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: all, Link: link}); err == nil {
+	// The baseline and the plan are independent: simulate them at once.
+	var g errgroup.Group
+	g.Go(func() error {
+		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: mre.SwapAll(m), Link: link})
+		if err != nil {
+			return fmt.Errorf("swap-all baseline: %w", err)
+		}
 		rep.Baselines.SwapAll = baseline{PeakBytes: sim.Peak, IterationMS: sim.IterationUS / 1000, OverheadPct: sim.OverheadPct()}
-	} else {
-		return nil, fmt.Errorf("swap-all baseline: %w", err)
+		return nil
+	})
+	var pol *mre.Policy
+	g.Go(func() error {
+		pol, err = mre.Plan(in,
+			mre.WithLink(link), mre.WithMinBytes(cfg.minBytes), mre.WithPrefetchLayers(cfg.prefetch), mre.WithSafetyMargin(cfg.margin))
+		return nil // reported below, with the report it leaves
+	})
+	if gerr := g.Wait(); gerr != nil {
+		return nil, gerr
 	}
-	pol, err := mre.Plan(in,
-		mre.WithLink(link), mre.WithMinBytes(cfg.minBytes), mre.WithPrefetchLayers(cfg.prefetch), mre.WithSafetyMargin(cfg.margin))
 	if err != nil {
 		var ie *mre.InfeasibleError
 		if errors.As(err, &ie) {
