@@ -32,8 +32,9 @@ const (
 	// Activation tensors are produced by ops and may be swapped.
 	Activation Kind = iota
 	// Persistent tensors (parameters, optimizer state) live across
-	// iterations. The planner does not schedule them; they move only when
-	// an allocation cannot be met otherwise.
+	// iterations. The planner moves them over their idle gaps inside an
+	// iteration (a weight from its layer's forward to its backward), by
+	// handle rather than by matching.
 	Persistent
 )
 
@@ -65,7 +66,6 @@ const (
 // current device address with Ptr inside the op (between Before and After)
 // that lists the tensor; the address may change between ops.
 type Tensor struct {
-	eng      *Engine
 	id       trace.TensorID
 	size     int64
 	kind     Kind
@@ -266,7 +266,7 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	} else {
 		t = new(Tensor)
 	}
-	t.eng, t.id, t.size, t.kind, t.dtype, t.shape, t.plan = e, e.nextID, size, kind, dtype, shape, -1
+	t.id, t.size, t.kind, t.dtype, t.shape, t.plan = e.nextID, size, kind, dtype, shape, -1
 	e.nextID++
 	e.serial++
 	t.pin = e.serial // not evictable while its own allocation runs
