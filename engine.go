@@ -296,9 +296,9 @@ func (e *Engine) Release(t *Tensor) error {
 	}
 	t.released = true
 	if t.kind == Activation && (e.policy == nil || t.plan < 0) {
-		// A tensor a policy matched stays out of the spare list until the
-		// iteration ends: the policy still points at it. Persistent
-		// handles are never reused: cached policies name them directly.
+		// A tensor a policy matched is not reused: the policy may still
+		// point at it. Nor are persistent handles: cached policies name
+		// them directly.
 		e.spare = append(e.spare, t)
 	}
 	e.liveB -= t.size
@@ -317,7 +317,7 @@ func (e *Engine) Release(t *Tensor) error {
 }
 
 // allocate gets device memory for stream s, swapping out idle tensors
-// (least recently used first) while the reserved memory is full.
+// (see victims) while no free block fits.
 func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 	for {
 		ptr, err := e.alloc.Alloc(size, s)
