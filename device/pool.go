@@ -176,21 +176,19 @@ func (p *pool) get(what string, size int64, s Stream, grow func(int64) error) (*
 	return b, nil
 }
 
-// readyFor reports whether stream s can use b without waiting: every event
-// guarding it was recorded on s (FIFO covers it) or has completed (then it
-// is dropped). A block freed behind a copy still in flight is not ready: a
-// best-fit allocator that handed it out would chain the new user to that
-// copy while an idle block waits next to it.
+// readyFor reports whether stream s can use b without a wait, judged
+// without asking the device (a query is a driver call per candidate, more
+// than the whole swap op costs otherwise): no event guards the block, or
+// every event was recorded on s, whose FIFO order covers it. A block freed
+// behind a copy on another stream is not ready: a best-fit allocator that
+// handed it out would chain the new user to that copy while an idle block
+// waits next to it.
 func (p *pool) readyFor(b *block, s Stream) bool {
 	for _, e := range b.pending {
-		if e.s == s {
-			continue
-		}
-		if done, err := p.dev.Query(e.ev); err != nil || !done {
+		if e.s != s {
 			return false
 		}
 	}
-	p.a.prune(b, p.dev.Query)
 	return true
 }
 
