@@ -3,6 +3,7 @@ package chameleon_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -206,4 +208,64 @@ func TestSwappedTensorComesBackIdentical(t *testing.T) {
 	it.End()
 	assert.Positive(t, eng.Stats().SwapsIn)
 	assert.True(t, slices.Contains([]int64{1, 2}, eng.Stats().OnDemandIn))
+}
+
+// Optimizer state used only by the step's last op sits idle from one
+// optimizer step to the next: the plan moves it over the iteration
+// boundary, and in STABLE no allocation has to force anything out.
+func TestEngineMovesStateAcrossIterations(t *testing.T) {
+	const kib = 1 << 10
+	dev, err := host.New(48 * kib)
+	require.NoError(t, err)
+	defer dev.Close()
+	d := seq.DefaultConfig()
+	d.M, d.N = 1, 1
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(48*kib), chameleon.WithDetection(d), chameleon.WithMinSwapBytes(1))
+	require.NoError(t, err)
+	defer eng.Close()
+	state, err := eng.NewTensor(24*kib, chameleon.Persistent, "f32", nil)
+	require.NoError(t, err)
+	var last chameleon.Result
+	var evictionsStable int64
+	for step := range 6 {
+		before := eng.Stats().Evictions
+		it := eng.Begin()
+		a, err := eng.NewTensor(20*kib, chameleon.Activation, "f32", nil)
+		require.NoError(t, err)
+		for i := range 10 {
+			op := &chameleon.Op{Name: fmt.Sprintf("op%d", i), Overload: "default", Phase: trace.PhaseForward}
+			var tmp *chameleon.Tensor
+			switch i {
+			case 0:
+				op.Out = []*chameleon.Tensor{a}
+			case 1:
+				op.In = []*chameleon.Tensor{a}
+			case 9:
+				op.Phase, op.In, op.Out = trace.PhaseOptimizer, []*chameleon.Tensor{state}, []*chameleon.Tensor{state}
+			default:
+				tmp, err = eng.NewTensor(kib, chameleon.Activation, "f32", nil)
+				require.NoError(t, err)
+				op.Out = []*chameleon.Tensor{tmp}
+			}
+			require.NoError(t, it.Before(op))
+			require.NoError(t, it.After(op))
+			if i == 1 {
+				require.NoError(t, eng.Release(a))
+			}
+			if tmp != nil {
+				require.NoError(t, eng.Release(tmp))
+			}
+		}
+		last = it.End()
+		if step >= 3 {
+			evictionsStable += eng.Stats().Evictions - before
+		}
+	}
+	require.Equal(t, 1, eng.Stats().Replans)
+	assert.Equal(t, "STABLE", last.Stage.String())
+	assert.Positive(t, last.SwapsOut, "the state goes out after its use")
+	assert.Positive(t, last.SwapsIn, "and comes back before it")
+	assert.Zero(t, last.OnDemand)
+	assert.Zero(t, evictionsStable, "no forced swap once the policy runs")
+	assert.LessOrEqual(t, dev.PeakAllocated(), int64(48*kib))
 }

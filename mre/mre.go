@@ -228,17 +228,42 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 		return plan, nil
 	}
 	cs := Candidates(in.Model, curve, in.Limit, cfg.minBytes)
+	var wrap []simulate.Swap
 	if err := feasible(n, p.need, cs, in.Limit); err != nil {
 		// Below the size threshold there may be enough small tensors.
 		cs = Candidates(in.Model, curve, in.Limit, 0)
 		if err := feasible(n, p.need, cs, in.Limit); err != nil {
-			return nil, err
+			// Last, what is idle across the iteration boundary (optimizer
+			// state between two steps): those swaps take the whole
+			// iteration's link time twice over, so they are a last resort,
+			// chosen only until the gaps inside the iteration can do the
+			// rest.
+			p.init(cs)
+			if wrap = p.wrapping(in.Model, cs); wrap == nil {
+				return nil, err
+			}
+			for _, w := range wrap {
+				for t := range n {
+					if t < w.In || t >= w.Free {
+						p.need[t] -= w.Bytes
+					}
+				}
+			}
+			p.nmre = 0
+			for _, v := range p.need {
+				if v > 0 {
+					p.nmre++
+				}
+			}
+			if err := feasible(n, p.need, cs, in.Limit); err != nil {
+				return nil, err
+			}
 		}
 	}
 	p.init(cs)
 	var best *Policy
 	for round := 1; round <= cfg.rounds; round++ {
-		swaps := p.selectSwaps()
+		swaps := append(slices.Clone(wrap), p.selectSwaps()...)
 		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: swaps, Link: cfg.link})
 		if err != nil {
 			return nil, fmt.Errorf("mre: round %d: %w", round, err)
@@ -274,6 +299,89 @@ func feasible(n int, need []int64, cs []Candidate, limit int64) error {
 		return worst
 	}
 	return nil
+}
+
+// wrapping chooses swaps over the gaps that cross the iteration boundary
+// (persistent tensors: out after their last use, back before their first
+// use of the next iteration), greedily by the paper's score over the points
+// the in-iteration candidates cs cannot satisfy, until they can. It
+// returns nil when even all of them leave a point short. Spans are timed
+// as the copies would run alone: out from the end of the last use, back
+// the copy's time (and PrefetchLayers layers) before the first use.
+func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
+	n := p.n
+	short := make([]int64, n)
+	copy(short, p.need)
+	delta := make([]int64, n+1)
+	for _, c := range cs {
+		delta[c.Out+1] += c.Bytes
+		delta[c.Use] -= c.Bytes
+	}
+	var cov int64
+	for t := range n {
+		cov += delta[t]
+		short[t] -= cov
+	}
+	margin := 1 + p.cfg.margin
+	var cands []simulate.Swap
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if !lt.Tensor.Kind.Persistent() || len(lt.Uses) == 0 || lt.Bytes < p.cfg.minBytes || lt.Bytes == 0 {
+			continue
+		}
+		i, j := lt.LastUse(), int(lt.Uses[0])
+		tOut := float64(lt.Bytes) / p.cfg.link.D2H * 1e6 * margin
+		tIn := float64(lt.Bytes) / p.cfg.link.H2D * 1e6 * margin
+		ready := p.start[i+1] + tOut
+		f := i + 1 + sort.Search(n-i-1, func(x int) bool { return p.start[i+1+x] >= ready })
+		kTime := max(sort.Search(j+1, func(x int) bool { return p.start[x] > p.start[j]-tIn })-1, 0)
+		g := max(p.gOf[j]-p.cfg.prefetch, 0)
+		kk := min(kTime, p.groups[g].First, j)
+		cands = append(cands, simulate.Swap{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Out: i, Free: f, In: kk, Use: j})
+	}
+	covers := func(w simulate.Swap, t int) bool { return t < w.In || t >= w.Free }
+	var chosen []simulate.Swap
+	used := make([]bool, len(cands))
+	for {
+		var left int
+		for _, v := range short {
+			if v > 0 {
+				left++
+			}
+		}
+		if left == 0 {
+			return chosen
+		}
+		best, bestScore := -1, 0.0
+		for x, w := range cands {
+			if used[x] {
+				continue
+			}
+			cnt := 0
+			for t := range n {
+				if short[t] > 0 && covers(w, t) {
+					cnt++
+				}
+			}
+			if cnt == 0 {
+				continue
+			}
+			if s := float64(cnt)/float64(left) + p.cfg.c*float64(w.Bytes)/float64(max(p.maxB, w.Bytes)); s > bestScore {
+				best, bestScore = x, s
+			}
+		}
+		if best < 0 {
+			return nil
+		}
+		used[best] = true
+		w := cands[best]
+		chosen = append(chosen, w)
+		for t := range n {
+			if covers(w, t) {
+				short[t] -= w.Bytes
+			}
+		}
+	}
 }
 
 func (p *planner) init(cs []Candidate) {

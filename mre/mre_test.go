@@ -232,3 +232,56 @@ func bruteFeasibleAll(m *memory.Model, limit int64) bool {
 	}
 	return true
 }
+
+// TestWrappingOptimizerState: optimizer state used only by the last op
+// (a per-parameter optimizer) is idle from one step's optimizer to the
+// next. When the gaps inside the iteration cannot meet the limit, the plan
+// moves it over the iteration boundary: out after its use, back before
+// its use in the next step.
+func TestWrappingOptimizerState(t *testing.T) {
+	it := &trace.Iteration{Tensors: map[trace.TensorID]*trace.Tensor{
+		1: {ID: 1, Bytes: 40 * mib, Kind: trace.KindOptState},
+		2: {ID: 2, Bytes: 20 * mib, Kind: trace.KindActivation},
+	}}
+	for t := range 10 {
+		op := trace.Op{Seq: t, Name: "op", Phase: trace.PhaseForward, Mem: -1}
+		switch t {
+		case 0:
+			op.Out = []trace.TensorID{2}
+		case 1:
+			op.In = []trace.TensorID{2}
+		case 9:
+			op.Phase, op.In, op.Out = trace.PhaseOptimizer, []trace.TensorID{1}, []trace.TensorID{1}
+		}
+		it.Ops = append(it.Ops, op)
+	}
+	m := memory.Build(it, nil)
+	times := make([]float64, 10)
+	for x := range times {
+		times[x] = 1000 // µs; 40 MiB crosses the link in ~760 µs
+	}
+	const limit = 45 * mib
+	// The activation has no gap: nothing inside the iteration helps.
+	require.Empty(t, Candidates(m, m.Curve, limit, 0))
+	pol, err := Plan(Input{Model: m, OpTimes: times, Limit: limit})
+	require.NoError(t, err)
+	require.Len(t, pol.Swaps, 1)
+	w := pol.Swaps[0]
+	assert.True(t, w.Wraps(), "%+v", w)
+	assert.Equal(t, trace.TensorID(1), w.Tensor)
+	assert.Equal(t, 9, w.Out)
+	assert.Equal(t, 9, w.Use)
+	assert.LessOrEqual(t, pol.Sim.Peak, int64(limit))
+	assert.Zero(t, pol.Sim.StallUS)
+	for x, op := range pol.Sim.Ops {
+		if x >= w.In && x < w.Free {
+			assert.Equal(t, m.Curve[x], op.Mem, "op %d: back on the device", x)
+		} else {
+			assert.Equal(t, m.Curve[x]-40*mib, op.Mem, "op %d: on the host", x)
+		}
+	}
+	// Without the gap across the boundary there is no plan.
+	it.Tensors[1].Kind = trace.KindActivation
+	_, err = Plan(Input{Model: memory.Build(it, nil), OpTimes: times, Limit: limit})
+	assert.ErrorIs(t, err, ErrInfeasible)
+}

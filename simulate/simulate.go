@@ -82,12 +82,29 @@ type Swap struct {
 	Use int `json:"in_before_op"`
 }
 
+// Wraps reports a swap over a gap that crosses the iteration boundary:
+// Use <= Out, the tensor goes out after its last use Out of one iteration
+// and comes back for its first use Use of the next (optimizer state, idle
+// from one step's optimizer to the next). The run is taken in steady state:
+// the tensor is on the host when the iteration starts, its memory is free
+// over [0, In) and [Free, nops), and Free == nops means its copy out ends
+// after the iteration.
+func (s Swap) Wraps() bool { return s.Use <= s.Out }
+
 // ErrInvalid is wrapped by errors about malformed input.
 var ErrInvalid = errors.New("invalid simulation input")
 
 // Validate checks the ordering rules Out < Free <= In <= Use < nops (Free
-// may be negative: dynamic free).
+// may be negative: dynamic free), or for a swap that wraps, 0 <= In <= Use
+// <= Out < Free <= nops.
 func (s Swap) Validate(nops int) error {
+	if s.Wraps() {
+		if s.Bytes < 0 || s.In < 0 || s.In > s.Use || s.Use < 0 || s.Out >= nops || s.Free <= s.Out || s.Free > nops {
+			return fmt.Errorf("tensor %d: wrapping swap out %d free %d in %d use %d breaks 0 <= in <= use <= out < free <= %d: %w",
+				s.Tensor, s.Out, s.Free, s.In, s.Use, nops, ErrInvalid)
+		}
+		return nil
+	}
 	switch {
 	case s.Bytes < 0:
 		return fmt.Errorf("tensor %d: negative bytes: %w", s.Tensor, ErrInvalid)
@@ -261,7 +278,9 @@ func Run(in Input) (*Result, error) {
 		return k
 	}
 	always := func(int) bool { return true }
-	outIsDone := func(k int) bool { return outDone[k] }
+	// The copy back of a wrapping swap brings what the previous iteration
+	// sent out: it waits for no copy of this one.
+	outIsDone := func(k int) bool { return outDone[k] || in.Swaps[k].Wraps() }
 	startCopies := func() {
 		if !d2h.busy {
 			if k := pick(&d2h, outDeadline, always); k >= 0 {
@@ -382,6 +401,15 @@ func Run(in Input) (*Result, error) {
 	// Memory: which op each swap's memory counts as free from.
 	delta := make([]int64, n+1)
 	for k, s := range in.Swaps {
+		if s.Wraps() {
+			// Free over [0, In) and [Free, n).
+			r.Freed[k] = s.Free
+			delta[0] -= s.Bytes
+			delta[s.In] += s.Bytes
+			delta[s.Free] -= s.Bytes
+			delta[n] += s.Bytes
+			continue
+		}
 		f := s.Free
 		if f < 0 {
 			end := r.Out[k].End

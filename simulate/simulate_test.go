@@ -116,3 +116,45 @@ func TestChromeTrace(t *testing.T) {
 	assert.Equal(t, map[int]int{1: 7, 2: 1, 3: 1}, tids) // 5 ops + 2 stalls
 	assert.Equal(t, "aten::mm", doc.TraceEvents[4].Name)
 }
+
+func TestWrappingSwap(t *testing.T) {
+	// Optimizer state used by op 4 only: out after op 4, back for op 4 of
+	// the next iteration. 55 MB is 1000 us each way.
+	sw := Swap{Tensor: 9, Bytes: 55e6, Out: 4, Free: 5, In: 1, Use: 4}
+	require.True(t, sw.Wraps())
+	require.NoError(t, sw.Validate(5))
+	curve := []int64{60e6, 60e6, 60e6, 60e6, 60e6}
+	tests := []struct {
+		name      string
+		times     []float64
+		wantStall float64
+	}{
+		{"hidden", []float64{100, 1000, 100, 100, 100}, 0},
+		// Issued at op 1's start (100 us); op 4 would start at 400.
+		{"late", []float64{100, 100, 100, 100, 100}, 700},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := Run(Input{OpTimes: tt.times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+			require.NoError(t, err)
+			assert.InDelta(t, tt.wantStall, r.StallUS, 1e-6)
+			// On the host at the start, back from op 1 on; Free = 5: its
+			// copy out ends after the iteration.
+			assert.Equal(t, []int64{5e6, 60e6, 60e6, 60e6, 60e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
+			assert.Equal(t, int64(55e6), r.BytesD2H)
+			assert.Equal(t, int64(55e6), r.BytesH2D)
+		})
+	}
+	// Free inside the iteration: out again over [Free, n).
+	sw2 := Swap{Tensor: 9, Bytes: 55e6, Out: 1, Free: 3, In: 0, Use: 0}
+	r, err := Run(Input{OpTimes: []float64{2000, 100, 1000, 100, 100}, Curve: curve, Swaps: []Swap{sw2}, Link: H200()})
+	require.NoError(t, err)
+	assert.Equal(t, []int64{60e6, 60e6, 60e6, 5e6, 5e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
+	for _, bad := range []Swap{
+		{Bytes: 1, Out: 4, Free: 6, In: 1, Use: 4}, // free past the end
+		{Bytes: 1, Out: 4, Free: 5, In: 3, Use: 2}, // in after use
+		{Bytes: 1, Out: 4, Free: 4, In: 1, Use: 2}, // free not after out
+	} {
+		assert.ErrorIs(t, bad.Validate(5), ErrInvalid, "%+v", bad)
+	}
+}

@@ -266,7 +266,13 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	// Report op numbers as the trace's seq numbers.
 	rep.Swaps = make([]simulate.Swap, len(pol.Swaps))
 	for x, s := range pol.Swaps {
-		s.Out, s.Free, s.In, s.Use = it.Ops[s.Out].Seq, it.Ops[s.Free].Seq, it.Ops[s.In].Seq, it.Ops[s.Use].Seq
+		seqOf := func(x int) int {
+			if x == len(it.Ops) { // a wrapping swap's copy out ends after the iteration
+				return it.Ops[x-1].Seq + 1
+			}
+			return it.Ops[x].Seq
+		}
+		s.Out, s.Free, s.In, s.Use = seqOf(s.Out), seqOf(s.Free), seqOf(s.In), seqOf(s.Use)
 		rep.Swaps[x] = s
 	}
 	return rep, nil
