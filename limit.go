@@ -32,7 +32,15 @@ func ParseBytes(s string) (int64, error) {
 	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
-	return int64(v * mult), nil
+	return toBytes(v*mult, s)
+}
+
+// toBytes converts a byte count, refusing what int64 cannot hold.
+func toBytes(v float64, s string) (int64, error) {
+	if v >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q too large", s)
+	}
+	return int64(v), nil
 }
 
 // ParseLimit reads a memory limit: a byte count (ParseBytes) or a
@@ -44,7 +52,7 @@ func ParseLimit(s string, peak int64) (int64, error) {
 		if err != nil || !(v > 0) || math.IsInf(v, 0) {
 			return 0, fmt.Errorf("bad percentage %q", s)
 		}
-		return int64(float64(peak) * v / 100), nil
+		return toBytes(float64(peak)*v/100, s)
 	}
 	return ParseBytes(s)
 }

@@ -34,3 +34,16 @@ func TestParseLimit(t *testing.T) {
 		assert.Equal(t, tt.want, got, tt.give)
 	}
 }
+
+// FuzzParseLimit: any text gives an error or a non-negative limit.
+func FuzzParseLimit(f *testing.F) {
+	for _, s := range []string{"70%", "12GiB", "1e3", "x", "-1%", "NaN", "1e400GB", "0.5 %"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := chameleon.ParseLimit(s, 1<<40)
+		if err == nil && v < 0 {
+			t.Fatalf("%q: negative limit %d", s, v)
+		}
+	})
+}
