@@ -158,3 +158,55 @@ func TestWrappingSwap(t *testing.T) {
 		assert.ErrorIs(t, bad.Validate(5), ErrInvalid, "%+v", bad)
 	}
 }
+
+// FuzzRun: any set of valid swaps, wrapping or not, simulates without
+// error, no op starts before the previous one ends, and each op's memory is
+// the curve minus the bytes its swaps hold on the host.
+func FuzzRun(f *testing.F) {
+	f.Add([]byte{5, 1, 2, 3, 4, 9, 9, 9, 9})
+	f.Add([]byte{8, 7, 0, 3, 6, 2, 1, 0, 7, 5, 5})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		n := 2 + int(data[0])%14
+		data = data[1:]
+		times := make([]float64, n)
+		curve := make([]int64, n)
+		for x := range times {
+			times[x] = float64(50 + 37*x%200)
+			curve[x] = 1 << 30
+		}
+		var swaps []Swap
+		for len(data) >= 4 && len(swaps) < 8 {
+			s := Swap{Tensor: 1, Bytes: int64(data[0]) << 20,
+				Out: int(data[1]) % n, Free: int(data[2]) % (n + 1), In: int(data[3]) % n}
+			s.Use = s.In + int(data[0])%3
+			data = data[4:]
+			if s.Validate(n) == nil {
+				swaps = append(swaps, s)
+			}
+		}
+		r, err := Run(Input{OpTimes: times, Curve: curve, Swaps: swaps, Link: H200()})
+		if err != nil {
+			t.Fatalf("valid swaps %+v: %v", swaps, err)
+		}
+		for x := 1; x < n; x++ {
+			if r.Ops[x].Start < r.Ops[x-1].End-1e-9 {
+				t.Fatalf("op %d starts at %g before op %d ends at %g", x, r.Ops[x].Start, x-1, r.Ops[x-1].End)
+			}
+		}
+		for x := range n {
+			want := curve[x]
+			for k, s := range swaps {
+				f := r.Freed[k]
+				if s.Wraps() && (x < s.In || x >= f) || !s.Wraps() && x >= f && x < s.In {
+					want -= s.Bytes
+				}
+			}
+			if r.Ops[x].Mem != want {
+				t.Fatalf("op %d: memory %d, want %d (swaps %+v)", x, r.Ops[x].Mem, want, swaps)
+			}
+		}
+	})
+}
