@@ -556,18 +556,27 @@ type plannedProducer struct {
 	Shape                  []int64
 }
 
-// newPolicy indexes a plan's swaps by op; fixed may be nil (no persistent
-// tensor among the swaps).
-func newPolicy(key policyKey, cfg match.Config, swaps []simulate.Swap, feats []match.Features, names []plannedProducer, fixed []*Tensor) *policy {
+// newPolicy indexes a plan's swaps by the op they are issued at; fixed may
+// be nil (no persistent tensor among the swaps), and so may sim (issue each
+// copy at the plan's Out and In).
+func newPolicy(key policyKey, cfg match.Config, swaps []simulate.Swap, feats []match.Features, names []plannedProducer, fixed []*Tensor, sim *simulate.Result) *policy {
 	if fixed == nil {
 		fixed = make([]*Tensor, len(swaps))
 	}
 	p := &policy{key: key, swaps: swaps, feats: feats, names: names, fixed: fixed,
 		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps))}
+	// Copy streams run copies in issue order; the plan's simulation serves
+	// the most urgent issued copy first. Issue the copies when, and in the
+	// order, the simulation started them, so the streams run the plan.
+	ip := simulate.Issue(swaps, sim)
 	var mf []match.Features
-	for i, s := range swaps {
-		p.outAt[s.Out] = append(p.outAt[s.Out], int32(i))
-		p.inAt[s.In] = append(p.inAt[s.In], int32(i))
+	for _, i := range ip.OutOrder {
+		p.outAt[ip.OutOp[i]] = append(p.outAt[ip.OutOp[i]], int32(i))
+	}
+	for _, i := range ip.InOrder {
+		p.inAt[ip.InOp[i]] = append(p.inAt[ip.InOp[i]], int32(i))
+	}
+	for i := range swaps {
 		if fixed[i] == nil {
 			mf = append(mf, feats[i])
 			p.matchIdx = append(p.matchIdx, int32(i))
@@ -985,5 +994,5 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, key policyKey) (
 			Producer: uint32(e.enc.Vocab.Token(op.Name, op.Overload)), Shape: match.ShapeHash(t.Shape)}
 		names[i] = plannedProducer{Name: op.Name, Overload: op.Overload, Module: op.Module, Shape: t.Shape}
 	}
-	return newPolicy(key, e.cfg.match, swaps, feats, names, fixed), nil
+	return newPolicy(key, e.cfg.match, swaps, feats, names, fixed, pol.Sim), nil
 }

@@ -27,9 +27,12 @@
 package simulate
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"sort"
 
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -127,6 +130,64 @@ type Input struct {
 	Curve []int64
 	Swaps []Swap
 	Link  Link
+	// Issue, when set, is how an executor with in-order copy streams
+	// issues the copies (see IssuePlan); each engine then runs them in
+	// issue order. Nil: copies are issued at Out and In, and each engine
+	// serves, among those issued, the copy whose op waits first.
+	Issue *IssuePlan
+}
+
+// IssuePlan says when, and in which order, an executor issues each swap's
+// copies to streams that run them in issue order: the copy out after op
+// OutOp[k], the copy back at the start of op InOp[k], and among copies of
+// the same op, in the order of OutOrder and InOrder (swap indices).
+type IssuePlan struct {
+	OutOp, InOp       []int
+	OutOrder, InOrder []int
+}
+
+// Issue derives, from a simulated schedule, the issue plan that makes
+// in-order copy streams run that schedule: each copy out is issued after
+// the op that ended last before it started on the simulated engine (never
+// before Out), each copy back at the start of the op running when it
+// started (never before In, never after Use), and copies are ordered by
+// their simulated starts. Swaps that wrap the iteration keep Out and In.
+// Without a result (nil) the plan's own Out and In are used.
+func Issue(swaps []Swap, r *Result) *IssuePlan {
+	ip := &IssuePlan{OutOp: make([]int, len(swaps)), InOp: make([]int, len(swaps)),
+		OutOrder: make([]int, len(swaps)), InOrder: make([]int, len(swaps))}
+	for i, s := range swaps {
+		ip.OutOp[i], ip.InOp[i], ip.OutOrder[i], ip.InOrder[i] = s.Out, s.In, i, i
+	}
+	if r == nil || len(r.Out) != len(swaps) {
+		return ip
+	}
+	n := len(r.Ops)
+	for i, s := range swaps {
+		if s.Wraps() {
+			continue
+		}
+		if st := r.Out[i].Start; !math.IsNaN(st) {
+			t := sort.Search(n, func(x int) bool { return r.Ops[x].End > st+1e-9 }) - 1
+			ip.OutOp[i] = max(s.Out, min(t, s.Use-1))
+		}
+		if st := r.In[i].Start; !math.IsNaN(st) {
+			t := sort.Search(n, func(x int) bool { return r.Ops[x].Start > st+1e-9 }) - 1
+			ip.InOp[i] = min(max(s.In, t), s.Use)
+		}
+	}
+	byStart := func(ts []Transfer) func(a, b int) int {
+		at := func(i int) float64 {
+			if math.IsNaN(ts[i].Start) {
+				return math.Inf(1)
+			}
+			return ts[i].Start
+		}
+		return func(a, b int) int { return cmp.Compare(at(a), at(b)) }
+	}
+	slices.SortStableFunc(ip.OutOrder, byStart(r.Out))
+	slices.SortStableFunc(ip.InOrder, byStart(r.In))
+	return ip
 }
 
 // OpStat is one op on the simulated timeline (microseconds from the start
@@ -228,6 +289,22 @@ func Run(in Input) (*Result, error) {
 	// in is issued at it, which the op waits for.
 	outAfter := bucket(n, in.Swaps, func(s Swap) int { return s.Out })
 	inAt := bucket(n, in.Swaps, func(s Swap) int { return s.In })
+	if ip := in.Issue; ip != nil {
+		if len(ip.OutOp) != len(in.Swaps) || len(ip.InOp) != len(in.Swaps) || len(ip.OutOrder) != len(in.Swaps) || len(ip.InOrder) != len(in.Swaps) {
+			return nil, fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
+		}
+		outAfter, inAt = make([][]int, n), make([][]int, n)
+		for _, k := range ip.OutOrder {
+			if t := ip.OutOp[k]; t >= 0 && t < n {
+				outAfter[t] = append(outAfter[t], k)
+			}
+		}
+		for _, k := range ip.InOrder {
+			if t := ip.InOp[k]; t >= 0 && t < n {
+				inAt[t] = append(inAt[t], k)
+			}
+		}
+	}
 	waitFree := bucket(n, in.Swaps, func(s Swap) int { return s.Free })
 	waitUse := bucket(n, in.Swaps, func(s Swap) int { return s.Use })
 	outDone := make([]bool, len(in.Swaps))
@@ -261,10 +338,16 @@ func Run(in Input) (*Result, error) {
 		for x := e.head; x < len(e.queue); x++ {
 			k := e.queue[x]
 			if !ok(k) {
+				if in.Issue != nil {
+					break // a stream does not pass a copy that waits
+				}
 				continue
 			}
-			if best < 0 || deadline(k) < deadline(e.queue[best]) {
+			if best < 0 || (in.Issue == nil && deadline(k) < deadline(e.queue[best])) {
 				best = x
+			}
+			if in.Issue != nil {
+				break // in issue order: the head or nothing
 			}
 		}
 		if best < 0 {

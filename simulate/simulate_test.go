@@ -210,3 +210,23 @@ func FuzzRun(f *testing.F) {
 		}
 	})
 }
+
+// TestIssuePlanReproducesSchedule: streams that run copies in issue order
+// reproduce the simulated schedule when the copies are issued by Issue,
+// and fall behind when they are issued at Out and In.
+func TestIssuePlanReproducesSchedule(t *testing.T) {
+	swaps := []Swap{
+		{Tensor: 3, Bytes: 55e6, Out: 0, Free: 9, In: 9, Use: 10},
+		{Tensor: 1, Bytes: 55e6, Out: 1, Free: 8, In: 8, Use: 10},
+		{Tensor: 2, Bytes: 55e6, Out: 2, Free: 3, In: 4, Use: 5},
+	}
+	times := []float64{100, 100, 100, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 100}
+	edf, err := Run(Input{OpTimes: times, Swaps: swaps, Link: H200()})
+	require.NoError(t, err)
+	fifo, err := Run(Input{OpTimes: times, Swaps: swaps, Link: H200(), Issue: Issue(swaps, nil)})
+	require.NoError(t, err)
+	planned, err := Run(Input{OpTimes: times, Swaps: swaps, Link: H200(), Issue: Issue(swaps, edf)})
+	require.NoError(t, err)
+	assert.InDelta(t, edf.IterationUS, planned.IterationUS, 1e-6, "issued as simulated")
+	assert.Greater(t, fifo.IterationUS, edf.IterationUS+500, "issued at Out: A's copy delays B's")
+}

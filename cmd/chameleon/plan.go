@@ -55,14 +55,18 @@ type planConfig struct {
 
 // planReport is the --json output: one object.
 type planReport struct {
-	Trace            string          `json:"trace"`
-	Iter             int             `json:"iter"`
-	Ops              int             `json:"ops"`
-	LimitBytes       int64           `json:"limit_bytes"`
-	PeakBytesBefore  int64           `json:"peak_bytes_before"`
-	PeakBytesAfter   int64           `json:"peak_bytes_after"`
-	IterationMSBase  float64         `json:"iteration_ms_base"`
-	IterationMSSim   float64         `json:"iteration_ms_simulated"`
+	Trace           string  `json:"trace"`
+	Iter            int     `json:"iter"`
+	Ops             int     `json:"ops"`
+	LimitBytes      int64   `json:"limit_bytes"`
+	PeakBytesBefore int64   `json:"peak_bytes_before"`
+	PeakBytesAfter  int64   `json:"peak_bytes_after"`
+	IterationMSBase float64 `json:"iteration_ms_base"`
+	IterationMSSim  float64 `json:"iteration_ms_simulated"`
+	// IterationMSExec is the plan run as the Engine's executor runs it:
+	// copy streams in issue order, copies issued per simulate.Issue.
+	IterationMSExec  float64         `json:"iteration_ms_executor"`
+	PeakBytesExec    int64           `json:"peak_bytes_executor"`
 	OverheadPct      float64         `json:"overhead_pct"`
 	OverheadPctBound float64         `json:"overhead_pct_bound"`
 	Feasible         bool            `json:"feasible"`
@@ -260,6 +264,12 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	rep.Feasible = true
 	rep.PeakBytesAfter = pol.Sim.Peak
 	rep.IterationMSSim = pol.Sim.IterationUS / 1000
+	exec, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: pol.Swaps, Link: link,
+		Issue: simulate.Issue(pol.Swaps, pol.Sim)})
+	if err != nil {
+		return nil, fmt.Errorf("executor order: %w", err)
+	}
+	rep.IterationMSExec, rep.PeakBytesExec = exec.IterationUS/1000, exec.Peak
 	rep.OverheadPct = pol.Sim.OverheadPct()
 	rep.BytesOut, rep.BytesIn = pol.Sim.BytesD2H, pol.Sim.BytesH2D
 	rep.UtilD2H, rep.UtilH2D = pol.Sim.UtilD2H(), pol.Sim.UtilH2D()
