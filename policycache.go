@@ -152,7 +152,7 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 				Producer: uint32(e.enc.Vocab.Token(t.Name, t.Overload)), Shape: match.ShapeHash(t.Shape)}
 			names[j] = plannedProducer{Name: t.Name, Overload: t.Overload, Module: t.Module, Shape: t.Shape}
 		}
-		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names, nil))
+		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names, nil, nil))
 	}
 	for _, p := range loaded {
 		e.cache.put(p)
