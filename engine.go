@@ -130,6 +130,9 @@ type Engine struct {
 	liveB   int64 // bytes of unreleased tensors, resident or not
 	policy  *policy
 	cache   *policyCache
+	// refresh: the policy in force matches too few of its tensors; the
+	// next iteration is profiled to replace it.
+	refresh bool
 	// seqs are the sequences seen, by signature, with how often and which
 	// one came next; last is the index of the latest.
 	seqs    []seqSeen
@@ -630,6 +633,9 @@ func (e *Engine) seqIndex(k policyKey) int {
 // WARMUP, or when the sequence expected next recurs often enough and has no
 // policy yet.
 func (e *Engine) profileNext() bool {
+	if e.refresh {
+		return true
+	}
 	var cur *seqSeen
 	if e.last >= 0 {
 		cur = &e.seqs[e.last]
@@ -862,13 +868,17 @@ func (it *Iteration) End() Result {
 		r.Matched = p.matched
 		switch {
 		case res.Changed:
-			e.policy = nil
+			e.policy, e.refresh = nil, false
 		case len(p.swaps) > 0 && float64(p.matched) < e.cfg.staleMatch*float64(len(p.swaps)):
-			// Same sequence, but the tensors no longer match the plan.
-			e.cache.drop(p.key)
-			e.policy = nil
-			e.stats.StaleDrops++
-			e.det.Restart()
+			// Same sequence, but the tensors no longer match the plan (MoE
+			// routing moved them). The entry leaves the cache; the policy
+			// keeps serving what it still matches while the next iteration
+			// is profiled to plan afresh, with no return to WARMUP.
+			if !e.refresh {
+				e.cache.drop(p.key)
+				e.stats.StaleDrops++
+			}
+			e.refresh = true
 		}
 	}
 	if e.policy == nil {
@@ -880,7 +890,8 @@ func (it *Iteration) End() Result {
 		}
 	}
 	recurring := cur.count > e.cfg.detect.M
-	if e.policy == nil && it.detail != nil && (!res.Changed || recurring) && !cur.failed {
+	if (e.policy == nil || e.refresh) && it.detail != nil && (!res.Changed || recurring) && !cur.failed {
+		e.refresh = false
 		it.detail.TimeMS = float64(end-it.start) / 1e6
 		if pol, err := e.plan(ctx, it.detail, key); err != nil {
 			// Not again for this sequence: the forced swap-outs of the
