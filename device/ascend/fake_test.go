@@ -2,28 +2,24 @@ package ascend
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/fakelib"
 )
 
-var (
-	fakesMu  sync.Mutex
-	fakes    = map[string]string{}
-	fakesDir string
-)
+// fakes builds the fake runtimes of this test binary, by variant.
+var fakes *fakelib.Builder
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fakeascendcl")
+	b, err := fakelib.New("fakeascendcl")
 	if err != nil {
 		panic(err)
 	}
-	fakesDir = dir
+	fakes = b
 	code := m.Run()
-	os.RemoveAll(dir)
+	b.Close()
 	os.Exit(code)
 }
 
@@ -32,30 +28,7 @@ func TestMain(m *testing.M) {
 // the test when no C compiler exists.
 func buildFake(t testing.TB, variant string, flags ...string) string {
 	t.Helper()
-	fakesMu.Lock()
-	defer fakesMu.Unlock()
-	if p, ok := fakes[variant]; ok {
-		return p
-	}
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		t.Skipf("no C compiler (%s) to build the fake libascendcl: %v", cc, err)
-	}
-	dir := filepath.Join(fakesDir, variant, "lib64")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "libascendcl.so")
-	args := append([]string{"-shared", "-fPIC", "-O1", "-o", out}, flags...)
-	args = append(args, filepath.Join("testdata", "fakeascendcl.c"))
-	if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-		t.Fatalf("build fake libascendcl: %v\n%s", err, b)
-	}
-	fakes[variant] = out
-	return out
+	return fakes.Build(t, variant, filepath.Join("testdata", "fakeascendcl.c"), "lib64/libascendcl.so", flags...)
 }
 
 type fakeCtl struct {

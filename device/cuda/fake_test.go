@@ -2,30 +2,26 @@ package cuda
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/fakelib"
 )
 
 // fakes caches the fake runtimes built in this test binary, by variant.
-var (
-	fakesMu  sync.Mutex
-	fakes    = map[string]string{}
-	fakesDir string
-)
+// fakes builds the fake runtimes of this test binary, by variant.
+var fakes *fakelib.Builder
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fakecudart")
+	b, err := fakelib.New("fakecudart")
 	if err != nil {
 		panic(err)
 	}
-	fakesDir = dir
+	fakes = b
 	code := m.Run()
-	os.RemoveAll(dir)
+	b.Close()
 	os.Exit(code)
 }
 
@@ -33,26 +29,7 @@ func TestMain(m *testing.M) {
 // library and returns its path. It skips the test when no C compiler exists.
 func buildFake(t testing.TB, variant string, flags ...string) string {
 	t.Helper()
-	fakesMu.Lock()
-	defer fakesMu.Unlock()
-	if p, ok := fakes[variant]; ok {
-		return p
-	}
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		t.Skipf("no C compiler (%s) to build the fake libcudart: %v", cc, err)
-	}
-	out := filepath.Join(fakesDir, "libcudart-"+variant+".so")
-	args := append([]string{"-shared", "-fPIC", "-O1", "-o", out}, flags...)
-	args = append(args, filepath.Join("testdata", "fakecudart.c"))
-	if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-		t.Fatalf("build fake libcudart: %v\n%s", err, b)
-	}
-	fakes[variant] = out
-	return out
+	return fakes.Build(t, variant, filepath.Join("testdata", "fakecudart.c"), "libcudart-"+variant+".so", flags...)
 }
 
 // fakeCtl drives the fake's test hooks through purego.
