@@ -18,6 +18,8 @@ import (
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/internal/testtraces"
+	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
@@ -140,13 +142,57 @@ func TestNewValidates(t *testing.T) {
 	assert.ErrorContains(t, err, "memory limit")
 	_, err = chameleon.New(nil, chameleon.WithMemoryLimit(1))
 	assert.Error(t, err)
-	d := seq.DefaultConfig()
-	d.M = 0
-	_, err = chameleon.New(dev, chameleon.WithMemoryLimit(1<<10), chameleon.WithDetection(d))
-	assert.Error(t, err)
 	// More than the device has.
 	_, err = chameleon.New(dev, chameleon.WithMemoryLimit(2<<20))
 	assert.Error(t, err)
+	bad := seq.DefaultConfig()
+	bad.M = -1
+	tests := []struct {
+		name string
+		give chameleon.Option
+		want string // in the error
+	}{
+		{"negative stage count", chameleon.WithDetection(bad), "WithDetection"},
+		{"threshold above 1", chameleon.WithDetection(seq.Config{MinSimilarity: 2}), "similarity"},
+		{"negative score weight", chameleon.WithScoreWeight(-1), "score weight"},
+		{"negative prefetch", chameleon.WithPrefetchLayers(-1), "prefetch"},
+		{"negative size threshold", chameleon.WithMinSwapBytes(-1), "size threshold"},
+		{"negative margin", chameleon.WithPlanOptions(mre.WithSafetyMargin(-1)), "margin"},
+		{"no groups", chameleon.WithGroups(0), "WithGroups"},
+		{"zero link", chameleon.WithLinkBandwidth(0), "WithLinkBandwidth"},
+		{"matching threshold above 1", chameleon.WithMatching(match.Config{Threshold: 1.5}), "threshold"},
+		{"negative matching weight", chameleon.WithMatching(match.Config{Ptr: -1, Stack: 1}), "weight"},
+		{"negative host reserve", chameleon.WithHostReserve(-1), "WithHostReserve"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(1<<10), tt.give)
+			if eng != nil {
+				eng.Close()
+			}
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+// TestStructOptionsFillDefaults: a struct option names what it changes;
+// its zero fields keep their defaults, so seq.Config{M: 2} is m=2 with the
+// paper's thresholds, not thresholds of 0.
+func TestStructOptionsFillDefaults(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(1<<10), chameleon.WithDetection(seq.Config{M: 2}),
+		chameleon.WithMatching(match.Config{Threshold: 0.9}))
+	require.NoError(t, err)
+	defer eng.Close()
+	// m=2, n=3 (the default): WARMUP for two iterations, GEN_POLICY for three.
+	var stages []seq.Stage
+	for range 6 {
+		it := eng.Begin()
+		stages = append(stages, it.End().Stage)
+	}
+	assert.Equal(t, []seq.Stage{seq.Warmup, seq.Warmup, seq.GenPolicy, seq.GenPolicy, seq.GenPolicy, seq.Stable}, stages)
 }
 
 func TestOutOfMemoryIsAnError(t *testing.T) {

@@ -13,46 +13,44 @@ import (
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/simulate"
 )
 
 // Option configures an Engine. Options are applied after the defaults and
-// the environment (CHAMELEON_DEBUG); nil options are ignored.
+// the environment (CHAMELEON_DEBUG); nil options are ignored; New validates
+// the result and refuses what cannot work.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// Planner turns a detailed profile into a swap policy. The default runs
-// Group (layer), Plan (mre) and Simulate (simulate); a user may put their
-// own in with WithPlanner.
-type Planner interface {
-	Plan(in mre.Input) (*mre.Policy, error)
-}
+// Planner is the Plan stage of the planning path (plan.Planner): it gets
+// the iteration's memory model, curve, op times, logical layers and a
+// limit, with the Engine's planner settings, and returns the swaps with
+// their simulation. The default is mre.Plan.
+type Planner = plan.Planner
 
 // PlannerFunc adapts a function to Planner.
-type PlannerFunc func(in mre.Input) (*mre.Policy, error)
-
-// Plan implements Planner.
-func (f PlannerFunc) Plan(in mre.Input) (*mre.Policy, error) { return f(in) }
+type PlannerFunc = plan.PlannerFunc
 
 type config struct {
 	limit       int64
 	detect      seq.Config
+	detector    Detector
 	match       match.Config
-	scoreC      float64
-	prefetch    int
 	groups      int
-	link        simulate.Link
-	estimator   layer.Estimator
-	planner     Planner
+	linkBW      float64
+	linkSet     bool
+	planOpts    []plan.Option // stages replaced, in the order given
+	mreOpts     []mre.Option
+	planning    []plan.Option // all of the planning path's settings, made by New
 	logger      *slog.Logger
 	tp          trace.TracerProvider
 	clock       func() time.Time
 	hostReserve int64
-	minSwap     int64
 	staleMatch  float64
 	evictLog    *slog.Logger
 	policyFile  string
@@ -62,15 +60,10 @@ func defaultConfig() config {
 	return config{
 		detect:     seq.DefaultConfig(),
 		match:      engineMatch(),
-		scoreC:     0.7,
-		prefetch:   2,
-		groups:     32,
-		link:       simulate.H200(),
-		estimator:  layer.Default(),
+		groups:     plan.DefaultGroups,
 		logger:     slog.New(slog.DiscardHandler),
 		tp:         noop.NewTracerProvider(),
 		clock:      time.Now,
-		minSwap:    1 << 20,
 		staleMatch: 0.5,
 	}
 }
@@ -103,21 +96,40 @@ func (c *config) fromEnv() {
 	}
 }
 
+// planPath is the settings of the planning path: the grouping and the link
+// first, then what the options gave, in their order.
+func (c *config) planPath() []plan.Option {
+	opts := []plan.Option{plan.WithGrouper(plan.Discovered(c.groups))}
+	if c.linkSet {
+		opts = append(opts, plan.WithLink(simulate.H200().Scaled(c.linkBW)))
+	}
+	return append(append(opts, c.planOpts...), plan.WithPlanOptions(c.mreOpts...))
+}
+
 func (c *config) validate() error {
 	if c.limit <= 0 {
 		return errors.New("chameleon: a memory limit is required (WithMemoryLimit)")
 	}
 	if err := c.detect.Validate(); err != nil {
-		return err
+		return fmt.Errorf("chameleon: WithDetection: %w", err)
 	}
 	if c.match.Threshold <= 0 || c.match.Threshold > 1 {
-		return fmt.Errorf("chameleon: match threshold %g outside (0, 1]", c.match.Threshold)
+		return fmt.Errorf("chameleon: WithMatching: threshold %g outside (0, 1]", c.match.Threshold)
 	}
-	if c.prefetch < 0 || c.groups < 1 {
-		return fmt.Errorf("chameleon: prefetch %d layers over %d groups: want prefetch >= 0, groups >= 1", c.prefetch, c.groups)
+	if c.match.Ptr < 0 || c.match.Stack < 0 || c.match.Producer < 0 || c.match.Shape < 0 {
+		return fmt.Errorf("chameleon: WithMatching: negative weight in %+v", c.match)
 	}
-	if c.link.D2H <= 0 || c.link.H2D <= 0 {
-		return errors.New("chameleon: link bandwidth must be positive")
+	if c.groups < 1 {
+		return fmt.Errorf("chameleon: WithGroups(%d): want at least 1", c.groups)
+	}
+	if c.linkSet && !(c.linkBW > 0) {
+		return fmt.Errorf("chameleon: WithLinkBandwidth(%g): want a positive rate", c.linkBW)
+	}
+	if c.hostReserve < 0 {
+		return fmt.Errorf("chameleon: WithHostReserve(%d): negative", c.hostReserve)
+	}
+	if err := plan.Validate(c.planPath()...); err != nil {
+		return fmt.Errorf("chameleon: %w", err)
 	}
 	return nil
 }
@@ -129,10 +141,27 @@ func WithMemoryLimit(bytes int64) Option {
 	return optionFunc(func(c *config) { c.limit = bytes })
 }
 
-// WithDetection sets the change-detection thresholds and stage counts
-// (default seq.DefaultConfig: cosine 0.95, length and memory 5%, m=5, n=3).
+// WithDetection sets the change-detection thresholds and stage counts.
+// Zero fields keep their defaults (seq.DefaultConfig: cosine 0.95, length
+// and memory 5%, m=5, n=3), so WithDetection(seq.Config{M: 2}) changes m
+// alone; a threshold of exactly 0 is not expressible (use a tiny one).
 func WithDetection(d seq.Config) Option {
 	return optionFunc(func(c *config) {
+		def := seq.DefaultConfig()
+		fill := func(v *float64, dv float64) {
+			if *v == 0 {
+				*v = dv
+			}
+		}
+		fill(&d.MinSimilarity, def.MinSimilarity)
+		fill(&d.MaxLengthDelta, def.MaxLengthDelta)
+		fill(&d.MaxMemoryDelta, def.MaxMemoryDelta)
+		if d.M == 0 {
+			d.M = def.M
+		}
+		if d.N == 0 {
+			d.N = def.N
+		}
 		if d.Logger == nil {
 			d.Logger = c.detect.Logger
 		}
@@ -140,49 +169,85 @@ func WithDetection(d seq.Config) Option {
 	})
 }
 
+// WithDetector replaces the Detect stage (default seq.Detector over
+// WithDetection's settings). The Engine still takes M and the memory
+// threshold from WithDetection: they say when a recurring sequence is
+// planned and when two signatures are one sequence.
+func WithDetector(d Detector) Option {
+	return optionFunc(func(c *config) {
+		if d != nil {
+			c.detector = d
+		}
+	})
+}
+
 // WithMatching sets the tensor-matching weights and threshold (default:
 // the paper's weights, address 0.3, call stack 0.4, producer 0.2, shape 0.1,
-// with threshold 0.65; see engineMatch for why not the paper's 0.85).
-func WithMatching(m match.Config) Option { return optionFunc(func(c *config) { c.match = m }) }
+// with threshold 0.65; see engineMatch for why not the paper's 0.85). A zero
+// threshold keeps the default; so do the weights when all four are zero.
+func WithMatching(m match.Config) Option {
+	return optionFunc(func(c *config) {
+		def := engineMatch()
+		if m.Threshold == 0 {
+			m.Threshold = def.Threshold
+		}
+		if m.Ptr == 0 && m.Stack == 0 && m.Producer == 0 && m.Shape == 0 {
+			m.Ptr, m.Stack, m.Producer, m.Shape = def.Ptr, def.Stack, def.Producer, def.Shape
+		}
+		c.match = m
+	})
+}
 
-// WithScoreWeight sets C in the candidate score N_MRE + C*S (default 0.7).
-func WithScoreWeight(w float64) Option { return optionFunc(func(c *config) { c.scoreC = w }) }
+// WithPlanOptions passes settings to the planner (mre.WithScoreWeight,
+// mre.WithPrefetchLayers, mre.WithMinBytes, mre.WithSafetyMargin, with
+// mre's defaults); New validates them. A replacement Planner gets them too.
+func WithPlanOptions(opts ...mre.Option) Option {
+	return optionFunc(func(c *config) { c.mreOpts = append(c.mreOpts, opts...) })
+}
 
-// WithPrefetchLayers sets how many logical layers ahead of its next use a
-// swap-in is issued (default 2).
-func WithPrefetchLayers(n int) Option { return optionFunc(func(c *config) { c.prefetch = n }) }
+// WithScoreWeight is WithPlanOptions(mre.WithScoreWeight(w)).
+func WithScoreWeight(w float64) Option { return WithPlanOptions(mre.WithScoreWeight(w)) }
 
-// WithGroups caps the logical layers the planner counts in (default 32).
+// WithPrefetchLayers is WithPlanOptions(mre.WithPrefetchLayers(n)).
+func WithPrefetchLayers(n int) Option { return WithPlanOptions(mre.WithPrefetchLayers(n)) }
+
+// WithMinSwapBytes is WithPlanOptions(mre.WithMinBytes(n)).
+func WithMinSwapBytes(n int64) Option { return WithPlanOptions(mre.WithMinBytes(n)) }
+
+// WithGroups caps the logical layers per forward and backward that the
+// default grouping makes (default plan.DefaultGroups, 32). WithGrouper
+// replaces the grouping itself.
 func WithGroups(n int) Option { return optionFunc(func(c *config) { c.groups = n }) }
 
 // WithLinkBandwidth sets the host link's bandwidth each way, in bytes per
 // second, scaling the measured H200 figures (55 GB/s alone, 48 + 51 GB/s
-// together) to it.
+// together) to it, for the planner and the simulator.
 func WithLinkBandwidth(bytesPerSecond float64) Option {
-	return optionFunc(func(c *config) {
-		if bytesPerSecond > 0 {
-			c.link = simulate.H200().Scaled(bytesPerSecond)
-		}
-	})
+	return optionFunc(func(c *config) { c.linkBW, c.linkSet = bytesPerSecond, true })
 }
+
+// WithGrouper replaces the Group stage's logical layers (default
+// plan.Discovered over WithGroups).
+func WithGrouper(g plan.Grouper) Option { return withPlan(plan.WithGrouper(g)) }
 
 // WithEstimator replaces the op time estimator (default layer.Default, a
 // cost model calibrated on the H200).
-func WithEstimator(e layer.Estimator) Option {
-	return optionFunc(func(c *config) {
-		if e != nil {
-			c.estimator = e
-		}
-	})
-}
+func WithEstimator(e layer.Estimator) Option { return withPlan(plan.WithEstimator(e)) }
 
-// WithPlanner replaces the Group/Plan/Simulate stages with the caller's own.
-func WithPlanner(p Planner) Option {
-	return optionFunc(func(c *config) {
-		if p != nil {
-			c.planner = p
-		}
-	})
+// WithPlanner replaces the Plan stage (default mre.Plan) and nothing else:
+// the memory model, grouping and estimates are made as usual, the planner
+// is called with the Engine's planner settings (WithPlanOptions and the
+// link) once per limit tier (90%, 95%, then 100% of the limit) until it
+// returns a policy or an error other than mre.ErrInfeasible, and its policy
+// is simulated as the executor will issue it.
+func WithPlanner(p Planner) Option { return withPlan(plan.WithPlanner(p)) }
+
+// WithSimulator replaces the Simulate stage (default simulate.Run), in the
+// planner's rounds and in the final check.
+func WithSimulator(s plan.Simulator) Option { return withPlan(plan.WithSimulator(s)) }
+
+func withPlan(o plan.Option) Option {
+	return optionFunc(func(c *config) { c.planOpts = append(c.planOpts, o) })
 }
 
 // WithLogger sets the logger (default: discard). Debug records are written
@@ -221,9 +286,6 @@ func WithClock(now func() time.Time) Option {
 func WithHostReserve(bytes int64) Option {
 	return optionFunc(func(c *config) { c.hostReserve = bytes })
 }
-
-// WithMinSwapBytes sets the smallest tensor the planner swaps (default 1 MiB).
-func WithMinSwapBytes(n int64) Option { return optionFunc(func(c *config) { c.minSwap = n }) }
 
 // WithPolicyFile loads a policy cache written by Engine.SavePolicyFile when
 // the Engine starts, so a restarted or migrated job runs STABLE from its

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 
-	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // policyKey is a sequence signature: the hash of its op names in order
@@ -24,7 +24,7 @@ type policyKey struct {
 // same reports whether two signatures name the same sequence: equal op
 // names in order and, within memDelta, the same allocated bytes.
 func (k policyKey) same(o policyKey, memDelta float64) bool {
-	return k.Hash == o.Hash && k.Ops == o.Ops && relDiff(k.Bytes, o.Bytes) <= memDelta
+	return k.Hash == o.Hash && k.Ops == o.Ops && seq.RelDelta(float64(k.Bytes), float64(o.Bytes)) <= memDelta
 }
 
 // policyCache keeps the policies of the sequences seen, so a sequence that
@@ -68,30 +68,32 @@ func (c *policyCache) len() int {
 	return n
 }
 
-func relDiff(a, b int64) float64 {
-	if b == 0 {
-		if a == 0 {
-			return 0
-		}
-		return math.Inf(1)
-	}
-	return math.Abs(float64(a-b)) / float64(b)
-}
-
 // savedPolicy is the file form of a policy: names instead of the
 // process-local tokens.
 type savedPolicy struct {
-	Key     policyKey         `json:"key"`
-	Swaps   []simulate.Swap   `json:"swaps"`
-	Tensors []savedPlanTensor `json:"tensors"`
+	Key     policyKey       `json:"key"`
+	Swaps   []savedSwap     `json:"swaps"`
+	Tensors []plannedTensor `json:"tensors"`
 }
 
-type savedPlanTensor struct {
-	Ptr      uint64  `json:"ptr"`
-	Name     string  `json:"producer"`
-	Overload string  `json:"overload"`
-	Module   string  `json:"module"`
-	Shape    []int64 `json:"shape"`
+// savedSwap is a swap in the policy file. It is the file's own type, so
+// that the simulator's may change without changing the format; the names
+// are those of the plan report.
+type savedSwap struct {
+	Tensor trace.TensorID `json:"tensor"`
+	Bytes  int64          `json:"bytes"`
+	Out    int            `json:"out_after_op"`
+	Free   int            `json:"freed_at_op"`
+	In     int            `json:"in_issue_op"`
+	Use    int            `json:"in_before_op"`
+}
+
+func (s savedSwap) swap() simulate.Swap {
+	return simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
+}
+
+func saveSwap(s simulate.Swap) savedSwap {
+	return savedSwap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
 }
 
 type savedCache struct {
@@ -110,12 +112,12 @@ func (e *Engine) SavePolicies(w io.Writer) error {
 			// Swaps of persistent tensors name this process's handles and
 			// are left out: a restarted job has other ones.
 			sp := savedPolicy{Key: p.key}
-			for i, n := range p.names {
+			for i, s := range p.swaps {
 				if p.fixed[i] != nil {
 					continue
 				}
-				sp.Swaps = append(sp.Swaps, p.swaps[i])
-				sp.Tensors = append(sp.Tensors, savedPlanTensor{Ptr: p.feats[i].Ptr, Name: n.Name, Overload: n.Overload, Module: n.Module, Shape: n.Shape})
+				sp.Swaps = append(sp.Swaps, saveSwap(s))
+				sp.Tensors = append(sp.Tensors, p.tensors[i])
 			}
 			out.Policies = append(out.Policies, sp)
 		}
@@ -142,17 +144,14 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 		if len(sp.Tensors) != len(sp.Swaps) {
 			return fmt.Errorf("chameleon: policies %s: policies[%d]: %d swaps but %d tensors", name, i, len(sp.Swaps), len(sp.Tensors))
 		}
-		feats := make([]match.Features, len(sp.Swaps))
-		names := make([]plannedProducer, len(sp.Swaps))
-		for j, t := range sp.Tensors {
-			if err := sp.Swaps[j].Validate(sp.Key.Ops); err != nil {
+		swaps := make([]simulate.Swap, len(sp.Swaps))
+		for j, s := range sp.Swaps {
+			swaps[j] = s.swap()
+			if err := swaps[j].Validate(sp.Key.Ops); err != nil {
 				return fmt.Errorf("chameleon: policies %s: policies[%d].swaps[%d]: %w", name, i, j, err)
 			}
-			feats[j] = match.Features{Ptr: t.Ptr, Stack: match.Hash(t.Module),
-				Producer: uint32(e.enc.Vocab.Token(t.Name, t.Overload)), Shape: match.ShapeHash(t.Shape)}
-			names[j] = plannedProducer{Name: t.Name, Overload: t.Overload, Module: t.Module, Shape: t.Shape}
 		}
-		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, sp.Swaps, feats, names, nil, nil))
+		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, e.enc.Vocab, swaps, sp.Tensors, nil, nil))
 	}
 	for _, p := range loaded {
 		e.cache.put(p)

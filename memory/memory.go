@@ -66,6 +66,11 @@ func (l *Lifetime) LastUse() int {
 	return int(l.Uses[len(l.Uses)-1])
 }
 
+// ProducedHere reports whether an op of the iteration makes the storage
+// (it is not live at entry): what a swap of an activation needs, since the
+// iteration itself brings it into being.
+func (l *Lifetime) ProducedHere() bool { return !l.LiveIn && l.Alloc >= 0 }
+
 // Model is the memory model of one iteration.
 type Model struct {
 	Iter *trace.Iteration
@@ -82,6 +87,15 @@ type Model struct {
 	// Peak is the largest value of Curve, PeakOp where it happens.
 	Peak   int64
 	PeakOp int
+}
+
+// Lifetime is the lifetime of storage id, nil when no op references it.
+func (m *Model) Lifetime(id trace.TensorID) *Lifetime {
+	k, ok := m.Index[id]
+	if !ok {
+		return nil
+	}
+	return &m.Lifetimes[k]
 }
 
 // LiveOutFunc tells whether a storage is still used after the iteration.

@@ -18,7 +18,7 @@ func SwapAll(m *memory.Model) []simulate.Swap {
 	var out []simulate.Swap
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if lt.LiveIn || lt.Alloc < 0 || lt.Tensor.Kind != trace.KindActivation || ops[lt.Alloc].Phase != trace.PhaseForward {
+		if !lt.ProducedHere() || lt.Tensor.Kind != trace.KindActivation || ops[lt.Alloc].Phase != trace.PhaseForward {
 			continue
 		}
 		i, j := -1, -1

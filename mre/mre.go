@@ -90,7 +90,7 @@ func Candidates(m *memory.Model, curve []int64, limit, minBytes int64) []Candida
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
 		k := lt.Tensor.Kind
-		movable := k.Persistent() || (k == trace.KindActivation && !lt.LiveIn && lt.Alloc >= 0)
+		movable := k.Persistent() || (k == trace.KindActivation && lt.ProducedHere())
 		if !movable || lt.Bytes < minBytes || lt.Bytes == 0 {
 			continue
 		}
@@ -134,9 +134,6 @@ type Policy struct {
 	// Rounds is how many plan-simulate rounds ran.
 	Rounds int
 }
-
-// PeakBefore is the curve's peak without swaps.
-func (p *Policy) PeakBefore() int64 { return slices.Max(append([]int64{0}, p.Curve...)) }
 
 // ResolveCurve returns in.Curve or the default curve Plan uses.
 func (in Input) ResolveCurve() []int64 {
@@ -220,7 +217,7 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 	}
 	plan := &Policy{Limit: in.Limit, MRL: MRL(curve, in.Limit), Curve: curve}
 	if p.nmre == 0 {
-		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Link: cfg.link})
+		sim, err := cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Link: cfg.link})
 		if err != nil {
 			return nil, err
 		}
@@ -264,7 +261,7 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 	var best *Policy
 	for round := 1; round <= cfg.rounds; round++ {
 		swaps := append(slices.Clone(wrap), p.selectSwaps()...)
-		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: swaps, Link: cfg.link})
+		sim, err := cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: swaps, Link: cfg.link})
 		if err != nil {
 			return nil, fmt.Errorf("mre: round %d: %w", round, err)
 		}

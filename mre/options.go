@@ -20,6 +20,7 @@ type config struct {
 	margin   float64
 	link     simulate.Link
 	rounds   int
+	sim      func(simulate.Input) (*simulate.Result, error)
 }
 
 // Defaults.
@@ -37,6 +38,7 @@ func newConfig(opts []Option) config {
 		prefetch: DefaultPrefetchLayers,
 		link:     simulate.H200(),
 		rounds:   DefaultRounds,
+		sim:      simulate.Run,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -83,5 +85,16 @@ func WithSafetyMargin(m float64) Option { return optionFunc(func(c *config) { c.
 // WithLink sets the link model (default simulate.H200()).
 func WithLink(l simulate.Link) Option { return optionFunc(func(c *config) { c.link = l }) }
 
-// WithRounds sets the most plan-simulate rounds (default 8).
-func WithRounds(n int) Option { return optionFunc(func(c *config) { c.rounds = n }) }
+// WithSimulator sets the timeline each plan-simulate round checks the
+// plan on (default simulate.Run); nil keeps the default.
+func WithSimulator(run func(simulate.Input) (*simulate.Result, error)) Option {
+	return optionFunc(func(c *config) {
+		if run != nil {
+			c.sim = run
+		}
+	})
+}
+
+// Validate reports the first setting among opts that Plan would refuse, so
+// a caller can check its settings before it has anything to plan.
+func Validate(opts ...Option) error { return newConfig(opts).validate() }

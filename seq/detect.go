@@ -123,18 +123,14 @@ func (d *Detector) Next() Stage { return d.stageOf(d.run + 1) }
 // a policy cache): later unchanged iterations are STABLE with no WARMUP.
 func (d *Detector) Adopt() { d.run = max(d.run, d.cfg.M+d.cfg.N) }
 
-// Restart returns the machine to WARMUP as if the last iteration had been
-// a change: used when a policy turned out stale.
-func (d *Detector) Restart() { d.run = 0 }
-
 // Observe compares p with the previous iteration's profile and advances the
 // stage machine.
 func (d *Detector) Observe(p Profile) Result {
 	r := Result{Similarity: 1, Hash: p.Hash}
 	if d.have {
 		r.Similarity = Similarity(&d.prev, &p)
-		r.LengthDelta = relDelta(float64(p.Len), float64(d.prev.Len))
-		r.MemoryDelta = relDelta(float64(p.Bytes), float64(d.prev.Bytes))
+		r.LengthDelta = RelDelta(float64(p.Len), float64(d.prev.Len))
+		r.MemoryDelta = RelDelta(float64(p.Bytes), float64(d.prev.Bytes))
 		var why []string
 		if r.Similarity < d.cfg.MinSimilarity {
 			why = append(why, fmt.Sprintf("similarity %.4f < %.4f", r.Similarity, d.cfg.MinSimilarity))
@@ -165,7 +161,10 @@ func (d *Detector) Observe(p Profile) Result {
 	return r
 }
 
-func relDelta(cur, prev float64) float64 {
+// RelDelta is the relative change |cur-prev|/prev, and 1 when prev is 0
+// and cur is not: the one rule the detector and the policy cache compare
+// sizes by.
+func RelDelta(cur, prev float64) float64 {
 	if prev == 0 {
 		if cur == 0 {
 			return 0

@@ -155,10 +155,6 @@ func (r *Reader) Name() string { return r.name }
 // Header returns the trace header.
 func (r *Reader) Header() Header { return r.hdr }
 
-// IterationTimes returns the footer's uninstrumented iteration times, once
-// Next has returned io.EOF.
-func (r *Reader) IterationTimes() []float64 { return r.footer }
-
 // Close releases the file.
 func (r *Reader) Close() error {
 	var first error

@@ -2,14 +2,13 @@ package main
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
 	"github.com/chameleon-go/chameleon/layer"
-	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/simulate"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -84,7 +83,8 @@ type Report struct {
 	Steps  []Step
 	Stats  chameleon.Stats
 	// Sims are the simulated timelines of the policies planned, in order,
-	// and SimForwardUS when each one's forward ends.
+	// as the executor issues their copies, and SimForwardUS when each
+	// one's forward ends.
 	Sims         []*simulate.Result
 	SimForwardUS []float64
 }
@@ -96,35 +96,6 @@ func (r *Report) Losses() []float32 {
 		out[i] = s.Loss
 	}
 	return out
-}
-
-// recorder plans as the Engine's default planner does (mre.Plan with the
-// same link and size threshold) and keeps each policy's simulated
-// timeline, so the program can set the simulator's predicted step time
-// beside the measured one. The Engine does not report it itself.
-type recorder struct {
-	opts []mre.Option
-	sims []*simulate.Result
-	// fwdEnd is, per policy, when the simulated forward ends (µs).
-	fwdEnd []float64
-}
-
-func (p *recorder) Plan(in mre.Input) (*mre.Policy, error) {
-	pol, err := mre.Plan(in, p.opts...)
-	if err != nil {
-		return nil, err
-	}
-	if pol.Sim != nil {
-		p.sims = append(p.sims, pol.Sim)
-		end := 0.0
-		for i, op := range in.Model.Iter.Ops {
-			if op.Phase == trace.PhaseForward && i < len(pol.Sim.Ops) {
-				end = pol.Sim.Ops[i].End
-			}
-		}
-		p.fwdEnd = append(p.fwdEnd, end)
-	}
-	return pol, nil
 }
 
 // fittedEstimator fits the op times to the step time measured without a
@@ -156,20 +127,17 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 	if cfg.Steps < 1 {
 		return nil, fmt.Errorf("steps %d: want at least 1", cfg.Steps)
 	}
-	rec := &recorder{}
 	est := cfg.Estimator
 	if est == nil {
 		est = layer.Default()
 	}
-	opts := []chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit), chameleon.WithPlanner(rec),
+	opts := []chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit),
 		chameleon.WithEstimator(fittedEstimator{base: est, stepMS: cfg.StepMS})}
 	if cfg.MinSwap > 0 {
 		opts = append(opts, chameleon.WithMinSwapBytes(cfg.MinSwap))
-		rec.opts = append(rec.opts, mre.WithMinBytes(cfg.MinSwap))
 	}
 	if cfg.Link > 0 {
 		opts = append(opts, chameleon.WithLinkBandwidth(cfg.Link))
-		rec.opts = append(rec.opts, mre.WithLink(simulate.H200().Scaled(cfg.Link)))
 	}
 	eng, err := chameleon.New(dev, append(opts, cfg.Options...)...)
 	if err != nil {
@@ -213,6 +181,10 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes}
 		prev = st
 		rep.Steps = append(rep.Steps, s)
+		if pr := res.Plan; res.Planned && pr.Exec != nil {
+			rep.Sims = append(rep.Sims, pr.Exec)
+			rep.SimForwardUS = append(rep.SimForwardUS, forwardEnd(pr))
+		}
 		if cfg.Progress != nil {
 			cfg.Progress(s)
 		}
@@ -221,8 +193,6 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 		return rep, err
 	}
 	rep.Stats = eng.Stats()
-	rep.Sims = slices.Clone(rec.sims)
-	rep.SimForwardUS = slices.Clone(rec.fwdEnd)
 	return rep, nil
 }
 
@@ -236,4 +206,15 @@ func newChooser(seed uint64, patterns, phase int) func(step int) int {
 		}
 		return int(compute.Hash(seed^0xd1a, uint64(p)) % uint64(patterns))
 	}
+}
+
+// forwardEnd is when the forward ends on a plan's simulated timeline (µs).
+func forwardEnd(pr *plan.Result) float64 {
+	end := 0.0
+	for i, op := range pr.Model.Iter.Ops {
+		if op.Phase == trace.PhaseForward && i < len(pr.Exec.Ops) {
+			end = pr.Exec.Ops[i].End
+		}
+	}
+	return end
 }

@@ -1,0 +1,239 @@
+package chameleon
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/chameleon-go/chameleon/device"
+)
+
+// The executor: it moves tensors between device memory and pinned host
+// memory without blocking the host. A copy out waits on an event recorded
+// on the compute stream; memory freed behind a copy carries the copy's
+// event; compute waits for a copy back only at the tensor's next use.
+
+type residency uint8
+
+const (
+	resident  residency = iota
+	swappedIn           // resident, but the copy back may still be running: compute must wait on ready
+	swapped             // bytes only on the host
+)
+
+// allocate gets device memory for stream s, swapping out idle tensors
+// (see victims) while no free block fits.
+func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
+	for {
+		ptr, err := e.alloc.Alloc(size, s)
+		if err == nil {
+			return ptr, nil
+		}
+		if !errors.Is(err, device.ErrOutOfMemory) {
+			return 0, err
+		}
+		vs := e.victims(size)
+		if len(vs) == 0 {
+			st := e.alloc.Stats()
+			return 0, fmt.Errorf("%w: %d bytes wanted; %d of %d in use by tensors the current op needs or that cannot move (largest free block %d)",
+				ErrOutOfMemory, size, st.Allocated, st.Reserved, st.LargestFree)
+		}
+		for _, v := range vs {
+			if err := e.swapOut(v); err != nil {
+				return 0, err
+			}
+			e.stats.Evictions++
+		}
+		if l := e.cfg.evictLog; l != nil {
+			st := e.alloc.Stats()
+			l.Debug("evict", "op", e.it.op, "want", size, "victims", len(vs), "allocated", st.Allocated,
+				"reserved", st.Reserved, "largest_free", st.LargestFree, "live_bytes", e.liveB)
+		}
+	}
+}
+
+// victims picks the tensors to swap out when an allocation of want bytes
+// fails. Enough free bytes are not enough: the request needs one free run
+// of addresses. So the choice is a window of the address space: the run of
+// resident tensors, none pinned by the current op, whose removal joins the
+// free gaps around them into a block of at least want bytes, with the fewest
+// bytes to move; among equal windows the least recently used. Persistent
+// tensors qualify too: optimizer state sits idle through forward and
+// backward, and moving it is what lets a tight limit hold an op's working
+// set.
+func (e *Engine) victims(want int64) []*Tensor {
+	res := e.scratch[:0]
+	for _, t := range e.live {
+		if t.state != swapped {
+			res = append(res, t)
+		}
+	}
+	slices.SortFunc(res, func(a, b *Tensor) int { return cmp.Compare(a.ptr, b.ptr) })
+	e.scratch = res
+	movable := func(t *Tensor) bool { return t.pin != e.serial }
+	end := func(t *Tensor) device.DevPtr { return t.ptr + device.DevPtr((t.size+511)&^511) }
+	bestI, bestJ := -1, -1
+	var bestCost int64
+	var bestAge uint64
+	// A window evicts res[i..j) and frees at least [start, limit): from the
+	// end of res[i-1] (or res[0]'s own start) to the start of res[j] (or
+	// the end of the last tensor: the segment reaches at least that far).
+	for i := range res {
+		start := res[0].ptr
+		if i > 0 {
+			start = end(res[i-1])
+		}
+		var cost int64
+		var age uint64
+		for j := i; j <= len(res); j++ {
+			limit := end(res[len(res)-1])
+			if j < len(res) {
+				limit = res[j].ptr
+			}
+			if int64(limit-start) >= want {
+				if bestI < 0 || cost < bestCost || (cost == bestCost && age < bestAge) {
+					bestI, bestJ, bestCost, bestAge = i, j, cost, age
+				}
+				break
+			}
+			if j == len(res) || !movable(res[j]) || (bestI >= 0 && cost > bestCost) {
+				break
+			}
+			cost += res[j].size
+			age = max(age, res[j].lastUse)
+		}
+	}
+	if bestI < 0 || bestJ == bestI {
+		// No window (or one the allocator could not use): fall back to the
+		// least recently used movable tensor, which at least frees bytes
+		// for the allocator to coalesce.
+		var lru *Tensor
+		for _, t := range res {
+			if movable(t) && (lru == nil || t.lastUse < lru.lastUse) {
+				lru = t
+			}
+		}
+		if lru == nil {
+			return nil
+		}
+		return []*Tensor{lru}
+	}
+	return res[bestI:bestJ]
+}
+
+// swapOut copies t to pinned host memory on the d2h stream after the
+// compute stream's work so far, and frees its device memory behind the copy.
+func (e *Engine) swapOut(t *Tensor) error {
+	if t.state == swapped {
+		return nil
+	}
+	after := e.ring[e.compute].next()
+	if t.state == swappedIn {
+		// Still arriving: the copy out must follow the copy back.
+		if err := e.dev.StreamWait(e.d2h, t.ready); err != nil {
+			return err
+		}
+	}
+	if err := e.dev.Record(after, e.compute); err != nil {
+		return err
+	}
+	if err := e.dev.StreamWait(e.d2h, after); err != nil {
+		return err
+	}
+	buf, err := e.pool.Get(t.size, e.d2h)
+	if err != nil {
+		return fmt.Errorf("chameleon: pinned buffer for tensor %d (%d bytes): %w", t.id, t.size, err)
+	}
+	if err := e.dev.CopyD2H(buf, t.ptr, e.d2h); err != nil {
+		return err
+	}
+	done := e.ring[e.d2h].next()
+	if err := e.dev.Record(done, e.d2h); err != nil {
+		return err
+	}
+	if err := e.alloc.FreeAfter(t.ptr, done, e.d2h); err != nil {
+		return err
+	}
+	t.host, t.outDone, t.state, t.ptr = buf, done, swapped, 0
+	e.stats.SwapsOut++
+	e.stats.SwappedOutBytes += t.size
+	return nil
+}
+
+// swapIn allocates device memory for t and queues the copy back on the h2d
+// stream; compute waits for it only at t's next use. A prefetch (evict
+// false) does not push other tensors out to make room: it reports false and
+// is tried again at the next op, or at the use.
+func (e *Engine) swapIn(t *Tensor, evict bool) (bool, error) {
+	if t.state != swapped {
+		return true, nil
+	}
+	var ptr device.DevPtr
+	var err error
+	if evict {
+		ptr, err = e.allocate(t.size, e.h2d)
+	} else {
+		ptr, err = e.alloc.Alloc(t.size, e.h2d)
+		if errors.Is(err, device.ErrOutOfMemory) {
+			return false, nil
+		}
+	}
+	if err != nil {
+		return false, fmt.Errorf("chameleon: swap in tensor %d: %w", t.id, err)
+	}
+	if err := e.dev.StreamWait(e.h2d, t.outDone); err != nil {
+		return false, err
+	}
+	if err := e.dev.CopyH2D(ptr, t.host, e.h2d); err != nil {
+		return false, err
+	}
+	ready := e.ring[e.h2d].next()
+	if err := e.dev.Record(ready, e.h2d); err != nil {
+		return false, err
+	}
+	if err := e.pool.PutAfter(t.host, ready, e.h2d); err != nil {
+		return false, err
+	}
+	t.ptr, t.ready, t.state, t.host = ptr, ready, swappedIn, device.HostBuf{}
+	e.stats.SwapsIn++
+	e.stats.SwappedInBytes += t.size
+	return true, nil
+}
+
+// eventRing hands out events recorded on one stream in turn. Reusing an
+// event of the same stream is safe: a later record on a FIFO stream covers
+// all the work an earlier one did, so a late waiter only waits longer.
+type eventRing struct {
+	dev device.Device
+	evs []device.Event
+	i   int
+}
+
+func newEventRing(dev device.Device, s device.Stream, n int) (*eventRing, error) {
+	r := &eventRing{dev: dev}
+	for range n {
+		ev, err := dev.NewEvent()
+		if err != nil {
+			r.close()
+			return nil, fmt.Errorf("chameleon: event: %w", err)
+		}
+		r.evs = append(r.evs, ev)
+	}
+	return r, nil
+}
+
+func (r *eventRing) next() device.Event {
+	ev := r.evs[r.i]
+	r.i = (r.i + 1) % len(r.evs)
+	return ev
+}
+
+func (r *eventRing) close() error {
+	var errs []error
+	for _, ev := range r.evs {
+		errs = append(errs, r.dev.DestroyEvent(ev))
+	}
+	r.evs = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,271 @@
+package chameleon
+
+import (
+	"context"
+	"fmt"
+
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
+
+	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/plan"
+	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Iteration is one pass of the host's loop through the Engine.
+type Iteration struct {
+	eng    *Engine
+	index  int
+	op     int
+	start  int64 // clock at Begin, ns
+	detail *trace.Iteration
+	span   oteltrace.Span
+	ctx    context.Context
+	// prefetches that found no free block yet, retried at each op
+	deferred []int32
+	// per-iteration execution counts
+	swapsOut, swapsIn, onDemand int64
+	bytesOut                    int64
+}
+
+// Begin starts an iteration. The returned Iteration is reused by the
+// Engine: it is valid until End.
+func (e *Engine) Begin() *Iteration {
+	it := &e.it
+	*it = Iteration{eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0]}
+	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
+	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
+		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}}
+	}
+	if e.policy != nil {
+		e.policy.reset()
+	}
+	return it
+}
+
+// Before prepares op: its inputs are resident (any wait is queued on the
+// compute stream, not on the host) and the swap-ins the policy issues at
+// this op are started.
+func (it *Iteration) Before(op *Op) error {
+	e := it.eng
+	e.serial++
+	for _, t := range op.In {
+		t.pin = e.serial
+	}
+	for _, t := range op.Out {
+		t.pin = e.serial
+	}
+	if p := e.policy; p != nil {
+		it.deferred = append(it.deferred, p.inAt[it.op]...)
+		kept := it.deferred[:0]
+		for _, k := range it.deferred {
+			t := p.live[k]
+			if t == nil || t.released || t.state != swapped {
+				continue
+			}
+			ok, err := e.swapIn(t, false)
+			if err != nil {
+				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+			}
+			if !ok {
+				kept = append(kept, k)
+				continue
+			}
+			it.swapsIn++
+		}
+		it.deferred = kept
+	}
+	if err := it.resident(op, op.In); err != nil {
+		return err
+	}
+	return it.resident(op, op.Out)
+}
+
+func (it *Iteration) resident(op *Op, ts []*Tensor) error {
+	e := it.eng
+	for _, t := range ts {
+		if t.released {
+			return fmt.Errorf("chameleon: op %d (%s) uses released tensor %d", it.op, op.Name, t.id)
+		}
+		if t.state == swapped {
+			if _, err := e.swapIn(t, true); err != nil {
+				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+			}
+			it.onDemand++
+			e.stats.OnDemandIn++
+		}
+		if t.state == swappedIn {
+			if err := e.dev.StreamWait(e.compute, t.ready); err != nil {
+				return err
+			}
+			t.state = resident
+		}
+		t.lastUse = e.serial
+	}
+	return nil
+}
+
+// After records op and starts the swap-outs the policy schedules after it.
+func (it *Iteration) After(op *Op) error {
+	e := it.eng
+	var fresh int64
+	for _, t := range op.Out {
+		if !t.produced {
+			fresh += t.size
+		}
+	}
+	tok := e.enc.Record(op.Name, op.Overload, fresh)
+	p := e.policy
+	if fresh > 0 {
+		// Features are needed to match a policy's tensors, or to plan one
+		// from this iteration's profile; otherwise hashing is wasted.
+		need := p != nil || it.detail != nil
+		var stack uint64
+		if need {
+			stack = match.Hash(op.Module)
+		}
+		for _, t := range op.Out {
+			if t.produced {
+				continue
+			}
+			t.produced = true
+			if !need {
+				continue
+			}
+			t.feat = features(uint64(t.ptr), stack, tok, t.shape)
+			if p != nil {
+				if k, _ := p.matcher.Match(t.feat); k >= 0 {
+					sw := p.matchIdx[k]
+					p.live[sw], t.plan = t, sw
+					p.matched++
+				}
+			}
+		}
+	}
+	if it.detail != nil {
+		it.record(op)
+	}
+	if p != nil {
+		for _, k := range p.outAt[it.op] {
+			if t := p.live[k]; t != nil && !t.released && t.state != swapped {
+				if err := e.swapOut(t); err != nil {
+					return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+				}
+				it.swapsOut++
+				it.bytesOut += t.size
+			}
+		}
+	}
+	it.op++
+	return nil
+}
+
+// record appends op to the detailed profile.
+func (it *Iteration) record(op *Op) {
+	e := it.eng
+	ids := func(ts []*Tensor) []trace.TensorID {
+		out := make([]trace.TensorID, len(ts))
+		for i, t := range ts {
+			out[i] = t.id
+			if _, ok := it.detail.Tensors[t.id]; !ok {
+				it.detail.Tensors[t.id] = &trace.Tensor{ID: t.id, Bytes: t.size, DType: t.dtype, Shape: t.shape, Kind: t.kind.traceKind(), Ptr: t.feat.Ptr}
+			}
+		}
+		return out
+	}
+	it.detail.Ops = append(it.detail.Ops, trace.Op{
+		Seq: it.op, Name: op.Name, Overload: op.Overload, Phase: op.Phase, Module: op.Module,
+		In: ids(op.In), Out: ids(op.Out), Mem: e.liveB, FLOPs: op.FLOPs, IOBytes: op.Bytes,
+	})
+}
+
+// Result is what End reports about an iteration.
+type Result struct {
+	Index     int
+	Ops       int
+	Stage     seq.Stage // the stage this iteration ran in
+	Detect    seq.Result
+	Planned   bool  // a policy was planned from this iteration's profile
+	CacheHit  bool  // a cached policy was adopted for the next iterations
+	Matched   int   // planned tensors matched to live ones
+	SwapsOut  int64 // copies to the host this iteration
+	SwapsIn   int64
+	OnDemand  int64 // copies back issued at the use
+	BytesOut  int64
+	PlanError error // why planning found no policy, if it ran and failed
+	// Plan is what the planning path made of this iteration's profile, when
+	// it ran: the memory model, groups, op times, the policy and its
+	// simulation as the executor issues it. Nil otherwise.
+	Plan *plan.Result
+}
+
+// End closes the iteration: Detect, and when the stage says so, Group,
+// Plan and Simulate the next policy (or adopt a cached one).
+func (it *Iteration) End() Result {
+	e := it.eng
+	end := e.cfg.clock().UnixNano()
+	ctx := it.ctx
+	_, encSpan := e.tracer.Start(ctx, "chameleon.encode")
+	prof := e.enc.Finish()
+	encSpan.SetAttributes(attribute.Int("ops", prof.Len), attribute.Int64("bytes", prof.Bytes))
+	encSpan.End()
+
+	_, detSpan := e.tracer.Start(ctx, "chameleon.detect")
+	res := e.det.Observe(prof)
+	detSpan.SetAttributes(attribute.Bool("changed", res.Changed), attribute.String("stage", res.Stage.String()),
+		attribute.Float64("similarity", res.Similarity))
+	detSpan.End()
+
+	r := Result{Index: it.index, Ops: prof.Len, Stage: res.Stage, Detect: res,
+		SwapsOut: it.swapsOut, SwapsIn: it.swapsIn, OnDemand: it.onDemand, BytesOut: it.bytesOut}
+	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
+	obs := observation{key: key, changed: res.Changed, profiled: it.detail != nil,
+		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
+	if p := e.policy; p != nil {
+		obs.policy, obs.swaps, obs.matched = true, len(p.swaps), p.matched
+		r.Matched = p.matched
+	}
+	d := e.life.end(obs)
+	if d.drop {
+		e.policy = nil
+	}
+	if d.stale {
+		e.cache.drop(e.policy.key)
+		e.stats.StaleDrops++
+	}
+	if d.adopt {
+		e.policy = e.cache.get(key, e.cfg.detect.MaxMemoryDelta)
+		e.det.Adopt()
+		r.CacheHit = true
+		e.stats.CacheHits++
+	}
+	if d.plan {
+		it.detail.TimeMS = float64(end-it.start) / 1e6
+		pol, pr, err := e.plan(ctx, it.detail, key)
+		r.Plan = pr
+		e.life.planned(err == nil)
+		if err != nil {
+			// Not again for this sequence: the forced swap-outs of the
+			// executor keep its iterations under the limit meanwhile.
+			r.PlanError = err
+			e.stats.Infeasible++
+			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
+		} else {
+			e.policy = pol
+			e.cache.put(pol)
+			r.Planned = true
+			e.stats.Replans++
+			if d.adoptPlanned {
+				e.det.Adopt()
+			}
+		}
+	}
+	it.span.SetAttributes(attribute.Int("iteration", it.index), attribute.Int("ops", prof.Len),
+		attribute.Int64("swaps_out", it.swapsOut), attribute.Int64("swaps_in", it.swapsIn),
+		attribute.Int64("bytes_out", it.bytesOut), attribute.Int64("on_demand_in", it.onDemand),
+		attribute.String("stage", res.Stage.String()))
+	it.span.End()
+	e.stats.Iterations++
+	return r
+}

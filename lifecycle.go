@@ -1,0 +1,134 @@
+package chameleon
+
+import "github.com/chameleon-go/chameleon/seq"
+
+// lifecycle decides, iteration by iteration, which policy is in force and
+// when to profile and plan. It is a pure state machine in the raft style:
+// the Engine hands it what an iteration showed (observation) and gets back
+// what to do (decision); it touches no device, clock or cache, so every
+// transition is a table test (lifecycle_test.go).
+//
+// A policy in force stays until the sequence changes (drop) or too few of
+// its tensors match (stale: it leaves the cache, keeps serving what it
+// matches, and the next iteration is profiled to replace it, with no
+// return to WARMUP). A sequence with no policy adopts a cached one, or is
+// profiled once the detector leaves WARMUP, or, when it keeps coming back
+// without ever holding M iterations in a row (fp16 skipped steps
+// alternating with real ones), when it is expected next and has been seen
+// M times. A sequence whose planning failed is not planned again.
+type lifecycle struct {
+	m          int     // iterations a sequence must be seen before it is planned
+	memDelta   float64 // two signatures are one sequence within this byte delta
+	staleMatch float64 // a policy matching fewer than this share of its swaps is stale
+	seqs       []seqSeen
+	last       int  // index in seqs of the latest iteration's sequence, -1
+	refresh    bool // the policy in force is stale: profile the next iteration to replace it
+}
+
+// seqSeen is one sequence signature in the history, with how often it was
+// seen and which one came next.
+type seqSeen struct {
+	key    policyKey
+	count  int
+	next   int  // index of the sequence that followed it last, -1
+	failed bool // planning found no policy for it: not retried
+}
+
+func newLifecycle(m int, memDelta, staleMatch float64) lifecycle {
+	return lifecycle{m: m, memDelta: memDelta, staleMatch: staleMatch, last: -1}
+}
+
+// profile says whether the coming iteration is profiled in detail. policy
+// says whether one is in force, next is the stage the detector expects,
+// cached whether the cache holds a policy for a signature.
+func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(policyKey) bool) bool {
+	if l.refresh {
+		return true
+	}
+	var cur *seqSeen
+	if l.last >= 0 {
+		cur = &l.seqs[l.last]
+	}
+	if !policy && next != seq.Warmup && (cur == nil || !cur.failed) {
+		return true
+	}
+	if cur == nil || cur.next < 0 {
+		return false
+	}
+	n := &l.seqs[cur.next]
+	return n.count >= l.m && !n.failed && !cached(n.key)
+}
+
+// observation is what an ended iteration showed.
+type observation struct {
+	key     policyKey // its sequence signature
+	changed bool      // the detector declared a change
+	// policy says whether a policy was in force, with its swaps and how many
+	// of them were matched to live tensors.
+	policy         bool
+	swaps, matched int
+	profiled       bool // the iteration was profiled in detail
+	cached         bool // the cache holds a policy for key
+}
+
+// decision is what the Engine does after an iteration, in field order.
+type decision struct {
+	drop  bool // stop applying the policy in force: the sequence changed
+	stale bool // the policy in force leaves the cache: too few of its tensors match
+	adopt bool // apply the cached policy for the iteration's key; the detector adopts it
+	plan  bool // plan from this iteration's profile, then report with planned
+	// adoptPlanned: once planned, the detector adopts the policy (a
+	// recurring sequence: no warm-up needed).
+	adoptPlanned bool
+}
+
+// end records an iteration and decides what follows it.
+func (l *lifecycle) end(o observation) decision {
+	si := l.index(o.key)
+	l.seqs[si].count++
+	if l.last >= 0 {
+		l.seqs[l.last].next = si
+	}
+	l.last = si
+	cur := &l.seqs[si]
+	var d decision
+	inForce := o.policy
+	if o.policy {
+		switch {
+		case o.changed:
+			d.drop, inForce, l.refresh = true, false, false
+		case o.swaps > 0 && float64(o.matched) < l.staleMatch*float64(o.swaps):
+			d.stale = !l.refresh // leaves the cache once
+			l.refresh = true
+		}
+	}
+	if !inForce && o.cached {
+		d.adopt, inForce = true, true
+	}
+	recurring := cur.count > l.m
+	if (!inForce || l.refresh) && o.profiled && (!o.changed || recurring) && !cur.failed {
+		l.refresh = false
+		d.plan, d.adoptPlanned = true, o.changed
+	}
+	return d
+}
+
+// planned reports how the planning that end asked for went: a sequence
+// with no feasible policy is not planned again.
+func (l *lifecycle) planned(ok bool) {
+	if !ok && l.last >= 0 {
+		l.seqs[l.last].failed = true
+	}
+}
+
+// index finds the history entry of k (the policy cache's rule: same
+// signature, bytes within memDelta) or adds one.
+func (l *lifecycle) index(k policyKey) int {
+	for i, s := range l.seqs {
+		if k.same(s.key, l.memDelta) {
+			return i
+		}
+	}
+	l.seqs = append(l.seqs, seqSeen{key: k, next: -1})
+	return len(l.seqs) - 1
+}

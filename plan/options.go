@@ -1,0 +1,153 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/simulate"
+)
+
+// Option configures Make; nil options are ignored.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// DefaultGroups is the most logical layers per forward and backward the
+// default grouping makes.
+const DefaultGroups = 32
+
+// DefaultTiers are the shares of the limit, in percent, planned for in
+// turn: a plan that fills the limit to the byte leaves the allocator no
+// room for the transients between the curve's points, so 90% is tried
+// first, then 95%, then the limit itself.
+var DefaultTiers = []int{90, 95, 100}
+
+type config struct {
+	grouper   Grouper
+	estimator layer.Estimator
+	planner   Planner
+	sim       Simulator
+	link      simulate.Link
+	planOpts  []mre.Option
+	tiers     []int
+	recorded  bool
+	observer  Observer
+}
+
+func (c config) observe(s Stage) func(*Result, error) {
+	if c.observer == nil {
+		return func(*Result, error) {}
+	}
+	return c.observer(s)
+}
+
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		grouper:   Discovered(DefaultGroups),
+		estimator: layer.Default(),
+		planner:   PlannerFunc(mre.Plan),
+		sim:       SimulatorFunc(simulate.Run),
+		link:      simulate.H200(),
+		tiers:     DefaultTiers,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	if err := mre.Validate(slices.Concat(c.planOpts, []mre.Option{mre.WithLink(c.link)})...); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	if len(c.tiers) == 0 {
+		return errors.New("plan: no limit tiers")
+	}
+	for i, t := range c.tiers {
+		if t < 1 || t > 100 || (i > 0 && t <= c.tiers[i-1]) {
+			return fmt.Errorf("plan: limit tiers %v: want increasing percentages in [1, 100]", c.tiers)
+		}
+	}
+	return nil
+}
+
+// Validate reports the first of opts that Make would refuse, so a caller
+// (the Engine's New) can refuse bad settings before it has anything to plan.
+func Validate(opts ...Option) error {
+	_, err := newConfig(opts)
+	return err
+}
+
+// WithGrouper sets the logical-layer grouping (default Discovered(32)).
+func WithGrouper(g Grouper) Option {
+	return optionFunc(func(c *config) {
+		if g != nil {
+			c.grouper = g
+		}
+	})
+}
+
+// WithEstimator sets the op time estimator (default layer.Default, the
+// H200 cost model scaled to the iteration's time).
+func WithEstimator(e layer.Estimator) Option {
+	return optionFunc(func(c *config) {
+		if e != nil {
+			c.estimator = e
+		}
+	})
+}
+
+// WithPlanner replaces the Plan stage (default mre.Plan). The memory
+// model, grouping, estimates, tiers and the final simulation stay.
+func WithPlanner(p Planner) Option {
+	return optionFunc(func(c *config) {
+		if p != nil {
+			c.planner = p
+		}
+	})
+}
+
+// WithSimulator replaces the Simulate stage (default simulate.Run), both in
+// the default planner's rounds and in the final check.
+func WithSimulator(s Simulator) Option {
+	return optionFunc(func(c *config) {
+		if s != nil {
+			c.sim = s
+		}
+	})
+}
+
+// WithLink sets the host link the planner and the simulator model
+// (default simulate.H200()). It overrides an mre.WithLink among the plan
+// options, so the plan and its check see one link.
+func WithLink(l simulate.Link) Option { return optionFunc(func(c *config) { c.link = l }) }
+
+// WithPlanOptions passes settings to the planner (mre.WithScoreWeight,
+// mre.WithPrefetchLayers, mre.WithMinBytes, mre.WithSafetyMargin); they
+// are validated by Make and Validate. Repeated, the lists add up.
+func WithPlanOptions(opts ...mre.Option) Option {
+	return optionFunc(func(c *config) { c.planOpts = append(c.planOpts, opts...) })
+}
+
+// WithTiers sets the shares of the limit, in percent and increasing,
+// planned for in turn (default DefaultTiers: 90, 95, 100). WithTiers(100)
+// plans for the limit alone.
+func WithTiers(pcts ...int) Option { return optionFunc(func(c *config) { c.tiers = pcts }) }
+
+// WithRecordedCurve plans against the iteration's recorded allocated-bytes
+// curve (op.Mem, torch.cuda.memory_allocated in a PyTorch trace) where it
+// has one, instead of the memory model's curve. The command line uses it on
+// recorded traces, whose curve is the ground truth; the Engine plans what
+// its own allocator will hold, the model's curve.
+func WithRecordedCurve() Option { return optionFunc(func(c *config) { c.recorded = true }) }
+
+// WithObserver sets a function told of each stage as it starts and ends
+// (default none).
+func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }

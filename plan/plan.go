@@ -1,0 +1,221 @@
+// Package plan is the one planning path: it joins Group, Plan and Simulate
+// into a pure function from a profiled iteration, what lives across its
+// boundary and a memory limit to a checked policy. The Engine plans with it
+// when an iteration has been profiled, the command line plans recorded
+// traces with it, and the examples report its simulation: all three get
+// the same swaps for the same iteration and settings.
+//
+// Each stage is an interface with the default implementation, set through
+// options: the grouping (layer.Layers, discovered from the repeating block),
+// the op time estimator (layer.Default, the H200 cost model), the planner
+// (mre.Plan) and the simulator (simulate.Run).
+package plan
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Grouper splits an iteration's ops into the logical layers the planner
+// counts prefetch distances in.
+type Grouper interface {
+	Group(ops []trace.Op) []layer.Group
+}
+
+// GrouperFunc adapts a function to Grouper.
+type GrouperFunc func(ops []trace.Op) []layer.Group
+
+// Group implements Grouper.
+func (f GrouperFunc) Group(ops []trace.Op) []layer.Group { return f(ops) }
+
+// Discovered groups ops into the model's repeating blocks, merged to at
+// most n per forward and backward (layer.Layers): the default, with n 32.
+func Discovered(n int) Grouper {
+	return GrouperFunc(func(ops []trace.Op) []layer.Group { return layer.Layers(ops, n) })
+}
+
+// Uniform cuts the forward and the backward into n groups of equal op
+// counts each (layer.Uniform, the paper's grouping).
+func Uniform(n int) Grouper {
+	return GrouperFunc(func(ops []trace.Op) []layer.Group { return layer.Uniform(ops, n) })
+}
+
+// Planner selects the swaps that keep an iteration under a limit. It gets
+// the planner settings in force (WithPlanOptions, then the link) and is
+// called once per limit tier (WithTiers), from the lowest, until it
+// returns a policy or an error that does not wrap mre.ErrInfeasible.
+type Planner interface {
+	Plan(in mre.Input, opts ...mre.Option) (*mre.Policy, error)
+}
+
+// PlannerFunc adapts a function to Planner; mre.Plan is one.
+type PlannerFunc func(in mre.Input, opts ...mre.Option) (*mre.Policy, error)
+
+// Plan implements Planner.
+func (f PlannerFunc) Plan(in mre.Input, opts ...mre.Option) (*mre.Policy, error) {
+	return f(in, opts...)
+}
+
+// Simulator runs swaps on a virtual timeline. The default planner checks
+// each of its rounds on it, and the policy is run on it once more as the
+// executor issues it.
+type Simulator interface {
+	Simulate(in simulate.Input) (*simulate.Result, error)
+}
+
+// SimulatorFunc adapts a function to Simulator; simulate.Run is one.
+type SimulatorFunc func(in simulate.Input) (*simulate.Result, error)
+
+// Simulate implements Simulator.
+func (f SimulatorFunc) Simulate(in simulate.Input) (*simulate.Result, error) { return f(in) }
+
+// Input is what Make plans.
+type Input struct {
+	// Iter is the profiled iteration: its ops in order, their tensors and
+	// its measured time (TimeMS; when 0, the sum of the ops' DurUS).
+	Iter *trace.Iteration
+	// LiveOut reports the tensors still held after the iteration's last op
+	// (nil: none besides parameters and optimizer state).
+	LiveOut memory.LiveOutFunc
+	// Limit is the device bytes the iteration must fit in.
+	Limit int64
+}
+
+// Result is a checked policy and what it was planned from.
+type Result struct {
+	// Model is the iteration's memory model; Curve the allocated bytes
+	// after each op that the plan keeps under the limit.
+	Model *memory.Model
+	Curve []int64
+	// Groups are the logical layers; OpTimes each op's estimated time (µs).
+	Groups  []layer.Group
+	OpTimes []float64
+	// Limit is the limit asked for; Planned the tier the policy meets.
+	Limit, Planned int64
+	// Policy holds the swaps and the planner's simulation of them; nil when
+	// no tier could be met (Make then returns the error too).
+	Policy *mre.Policy
+	// Issue is when, and in which order, the executor issues each copy to
+	// its in-order stream (simulate.Issue), and Exec the policy simulated
+	// that way: the timeline the executor is expected to run.
+	Issue *simulate.IssuePlan
+	Exec  *simulate.Result
+}
+
+// Swaps is the policy's swaps (none when it is nil).
+func (r *Result) Swaps() []simulate.Swap {
+	if r == nil || r.Policy == nil {
+		return nil
+	}
+	return r.Policy.Swaps
+}
+
+// Make plans in.Iter under in.Limit: the memory model, the logical layers,
+// the op time estimates, then the plan at each limit tier until one is met,
+// then the simulation of the policy as the executor issues it. It is pure:
+// no clock, no I/O, no global state; the same input and options give the
+// same policy.
+//
+// When no tier can be met, Make returns the result so far (Policy nil) with
+// the planner's error at the full limit, which wraps mre.ErrInfeasible when
+// swapping cannot meet it (an *mre.InfeasibleError says where).
+func Make(in Input, opts ...Option) (*Result, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	it := in.Iter
+	if it == nil || len(it.Ops) == 0 {
+		return nil, errors.New("plan: an iteration with no ops")
+	}
+	if in.Limit <= 0 {
+		return nil, fmt.Errorf("plan: limit %d bytes: want a positive limit", in.Limit)
+	}
+	r := &Result{Limit: in.Limit}
+	done := cfg.observe(StageGroup)
+	r.Model = memory.Build(it, in.LiveOut)
+	r.Curve = r.Model.Curve
+	if cfg.recorded && it.HasMem() {
+		r.Curve = mre.Input{Model: r.Model}.ResolveCurve()
+	}
+	r.Groups = cfg.grouper.Group(it.Ops)
+	r.OpTimes = cfg.estimator.Estimate(timed(it))
+	if len(r.OpTimes) != len(it.Ops) {
+		err := fmt.Errorf("plan: the estimator gave %d op times for %d ops", len(r.OpTimes), len(it.Ops))
+		done(r, err)
+		return nil, err
+	}
+	done(r, nil)
+	done = cfg.observe(StagePlan)
+	popts := append(append([]mre.Option{mre.WithSimulator(cfg.sim.Simulate)}, cfg.planOpts...), mre.WithLink(cfg.link))
+	for _, pct := range cfg.tiers {
+		limit := in.Limit/100*int64(pct) + in.Limit%100*int64(pct)/100 // in.Limit*pct/100 without overflow
+		r.Policy, err = cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit}, popts...)
+		if err == nil {
+			r.Planned = limit
+			break
+		}
+		err = fmt.Errorf("plan: limit %d bytes: %w", limit, err)
+		if !errors.Is(err, mre.ErrInfeasible) {
+			break
+		}
+	}
+	if err == nil && (r.Policy == nil || r.Policy.Sim == nil) {
+		err = errors.New("plan: the planner returned no simulated policy")
+	}
+	if err != nil {
+		r.Policy, r.Planned = nil, 0
+		done(r, err)
+		return r, err
+	}
+	done(r, nil)
+	done = cfg.observe(StageSimulate)
+	r.Issue = simulate.Issue(r.Policy.Swaps, r.Policy.Sim)
+	r.Exec, err = cfg.sim.Simulate(simulate.Input{OpTimes: r.OpTimes, Curve: r.Curve, Swaps: r.Policy.Swaps, Link: cfg.link, Issue: r.Issue})
+	if err != nil {
+		err = fmt.Errorf("plan: simulate the executor's order: %w", err)
+	}
+	done(r, err)
+	return r, err
+}
+
+// Stage names a step of Make for an Observer.
+type Stage string
+
+// The stages Make runs, in order.
+const (
+	// StageGroup builds the memory model, the logical layers and the op
+	// time estimates.
+	StageGroup Stage = "group"
+	// StagePlan selects the swaps, tier by tier.
+	StagePlan Stage = "plan"
+	// StageSimulate runs the policy as the executor issues it.
+	StageSimulate Stage = "simulate"
+)
+
+// Observer is told when each stage of Make starts; the function it returns
+// is called when the stage ends, with the result so far and the stage's
+// error. The Engine makes its OpenTelemetry spans from it. It must not
+// change the result.
+type Observer func(s Stage) (end func(r *Result, err error))
+
+// timed returns it, or a shallow copy whose TimeMS is the sum of its ops'
+// instrumented durations when it has no measured time of its own.
+func timed(it *trace.Iteration) *trace.Iteration {
+	if it.TimeMS > 0 {
+		return it
+	}
+	var sum float64
+	for i := range it.Ops {
+		sum += it.Ops[i].DurUS
+	}
+	c := *it
+	c.TimeMS = sum / 1000
+	return &c
+}

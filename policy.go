@@ -1,0 +1,170 @@
+package chameleon
+
+import (
+	"context"
+	"slices"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/plan"
+	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// policy is a plan in force: what to swap, matched to live tensors by
+// features, scheduled by op index.
+type policy struct {
+	key   policyKey
+	swaps []simulate.Swap
+	// tensors describes, per swap, the planned activation (zero for a
+	// persistent tensor): what matching and the policy file need.
+	tensors []plannedTensor
+	// fixed holds, per swap, the persistent tensor it moves (parameters,
+	// optimizer state keep their handle across iterations, so they need no
+	// matching), nil for a swap of an activation, found by matching.
+	fixed    []*Tensor
+	outAt    map[int][]int32
+	inAt     map[int][]int32
+	matcher  *match.Matcher
+	matchIdx []int32 // matcher index -> swap index
+	live     []*Tensor
+	matched  int
+}
+
+// plannedTensor is what a policy knows of a planned activation: its device
+// address when profiled and the op and call site that produced it, with
+// its shape. The policy file stores it as it is.
+type plannedTensor struct {
+	Ptr      uint64  `json:"ptr"`
+	Name     string  `json:"producer"`
+	Overload string  `json:"overload"`
+	Module   string  `json:"module"`
+	Shape    []int64 `json:"shape"`
+}
+
+// features is the tensor's match key in the vocabulary of this process.
+func (t *plannedTensor) features(v *seq.Vocab) match.Features {
+	return features(t.Ptr, match.Hash(t.Module), v.Token(t.Name, t.Overload), t.Shape)
+}
+
+// features is the one place match keys are made, for planned tensors and
+// for live ones (stack is match.Hash of the call site).
+func features(ptr, stack uint64, producer seq.Token, shape []int64) match.Features {
+	return match.Features{Ptr: ptr, Stack: stack, Producer: uint32(producer), Shape: match.ShapeHash(shape)}
+}
+
+// newPolicy indexes a plan's swaps by the op their copies are issued at.
+// fixed may be nil (no persistent tensor among the swaps), and so may ip
+// (issue each copy at the plan's Out and In).
+func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.Swap, tensors []plannedTensor, fixed []*Tensor, ip *simulate.IssuePlan) *policy {
+	if fixed == nil {
+		fixed = make([]*Tensor, len(swaps))
+	}
+	if ip == nil {
+		ip = simulate.Issue(swaps, nil)
+	}
+	p := &policy{key: key, swaps: swaps, tensors: tensors, fixed: fixed,
+		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps))}
+	// Copy streams run copies in issue order: the plan's issue order (when,
+	// and in which order, its simulation started them) makes the streams
+	// run the planned schedule.
+	for _, i := range ip.OutOrder {
+		p.outAt[ip.OutOp[i]] = append(p.outAt[ip.OutOp[i]], int32(i))
+	}
+	for _, i := range ip.InOrder {
+		p.inAt[ip.InOp[i]] = append(p.inAt[ip.InOp[i]], int32(i))
+	}
+	var mf []match.Features
+	for i := range swaps {
+		if fixed[i] == nil {
+			mf = append(mf, tensors[i].features(v))
+			p.matchIdx = append(p.matchIdx, int32(i))
+		}
+	}
+	p.matcher = match.New(cfg, mf)
+	return p
+}
+
+// reset starts an iteration: activations are matched afresh, persistent
+// tensors are known.
+func (p *policy) reset() {
+	p.matcher.Reset()
+	clear(p.live)
+	p.matched = 0
+	for i, t := range p.fixed {
+		if t != nil && !t.released {
+			p.live[i], t.plan = t, int32(i)
+			p.matched++
+		}
+	}
+}
+
+// cached reports whether the cache holds a policy for k.
+func (e *Engine) cached(k policyKey) bool {
+	return e.cache.get(k, e.cfg.detect.MaxMemoryDelta) != nil
+}
+
+// plan makes the policy for a profiled iteration on the one planning path
+// (plan.Make) with the Engine's settings, and binds it: persistent tensors
+// by handle, activations by their match features.
+func (e *Engine) plan(ctx context.Context, it *trace.Iteration, key policyKey) (*policy, *plan.Result, error) {
+	live := make(map[trace.TensorID]*Tensor, len(e.live))
+	for _, t := range e.live {
+		live[t.id] = t
+	}
+	opts := append(slices.Clone(e.cfg.planning), plan.WithObserver(e.spans(ctx)))
+	res, err := plan.Make(plan.Input{Iter: it, Limit: e.cfg.limit,
+		LiveOut: func(id trace.TensorID) bool { return live[id] != nil }}, opts...)
+	if err != nil {
+		return nil, res, err
+	}
+	swaps := slices.Clone(res.Swaps())
+	tensors := make([]plannedTensor, len(swaps))
+	fixed := make([]*Tensor, len(swaps))
+	for i, s := range swaps {
+		if t := live[s.Tensor]; t != nil && t.kind.persistent() {
+			fixed[i] = t
+			continue
+		}
+		t := it.Tensors[s.Tensor]
+		op := &it.Ops[res.Model.Lifetime(s.Tensor).Alloc]
+		tensors[i] = plannedTensor{Ptr: t.Ptr, Name: op.Name, Overload: op.Overload, Module: op.Module, Shape: t.Shape}
+	}
+	return newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue), res, nil
+}
+
+// spans makes an OpenTelemetry span of each planning stage, under ctx.
+func (e *Engine) spans(ctx context.Context) plan.Observer {
+	return func(s plan.Stage) func(*plan.Result, error) {
+		_, span := e.tracer.Start(ctx, "chameleon."+string(s))
+		return func(r *plan.Result, err error) {
+			switch s {
+			case plan.StageGroup:
+				span.SetAttributes(attribute.Int("groups", len(r.Groups)))
+				if r.Model != nil {
+					span.SetAttributes(attribute.Int("ops", len(r.Model.Curve)), attribute.Int64("peak_bytes", r.Model.Peak))
+				}
+			case plan.StagePlan:
+				var bytes int64
+				for _, sw := range r.Swaps() {
+					bytes += sw.Bytes
+				}
+				span.SetAttributes(attribute.Int("swaps", len(r.Swaps())), attribute.Int64("bytes", bytes),
+					attribute.Int64("limit", r.Limit), attribute.Int64("planned_limit", r.Planned))
+			case plan.StageSimulate:
+				if r.Exec != nil {
+					span.SetAttributes(attribute.Float64("iteration_us", r.Exec.IterationUS), attribute.Float64("stall_us", r.Exec.StallUS),
+						attribute.Float64("overhead_pct", r.Exec.OverheadPct()))
+				}
+			}
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			}
+			span.End()
+		}
+	}
+}
