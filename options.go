@@ -99,7 +99,7 @@ func (c *config) fromEnv() {
 // planPath is the settings of the planning path: the grouping and the link
 // first, then what the options gave, in their order.
 func (c *config) planPath() []plan.Option {
-	opts := []plan.Option{plan.WithGrouper(plan.Discovered(c.groups))}
+	opts := []plan.Option{plan.WithGrouper(plan.Uniform(c.groups))}
 	if c.linkSet {
 		opts = append(opts, plan.WithLink(simulate.H200().Scaled(c.linkBW)))
 	}
@@ -214,9 +214,9 @@ func WithPrefetchLayers(n int) Option { return WithPlanOptions(mre.WithPrefetchL
 // WithMinSwapBytes is WithPlanOptions(mre.WithMinBytes(n)).
 func WithMinSwapBytes(n int64) Option { return WithPlanOptions(mre.WithMinBytes(n)) }
 
-// WithGroups caps the logical layers per forward and backward that the
-// default grouping makes (default plan.DefaultGroups, 32). WithGrouper
-// replaces the grouping itself.
+// WithGroups sets the logical layers per forward and backward of the
+// default grouping (plan.Uniform; default plan.DefaultGroups, 32).
+// WithGrouper replaces the grouping itself.
 func WithGroups(n int) Option { return optionFunc(func(c *config) { c.groups = n }) }
 
 // WithLinkBandwidth sets the host link's bandwidth each way, in bytes per
@@ -227,7 +227,8 @@ func WithLinkBandwidth(bytesPerSecond float64) Option {
 }
 
 // WithGrouper replaces the Group stage's logical layers (default
-// plan.Discovered over WithGroups).
+// plan.Uniform over WithGroups; plan.Discovered groups by the model's
+// repeating block).
 func WithGrouper(g plan.Grouper) Option { return withPlan(plan.WithGrouper(g)) }
 
 // WithEstimator replaces the op time estimator (default layer.Default, a

@@ -48,7 +48,7 @@ func (c config) observe(s Stage) func(*Result, error) {
 
 func newConfig(opts []Option) (config, error) {
 	c := config{
-		grouper:   Discovered(DefaultGroups),
+		grouper:   Uniform(DefaultGroups),
 		estimator: layer.Default(),
 		planner:   PlannerFunc(mre.Plan),
 		sim:       SimulatorFunc(simulate.Run),
@@ -85,7 +85,8 @@ func Validate(opts ...Option) error {
 	return err
 }
 
-// WithGrouper sets the logical-layer grouping (default Discovered(32)).
+// WithGrouper sets the logical-layer grouping (default Uniform(32), see
+// Uniform).
 func WithGrouper(g Grouper) Option {
 	return optionFunc(func(c *config) {
 		if g != nil {

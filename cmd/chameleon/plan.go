@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -9,6 +10,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -22,6 +25,7 @@ import (
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/simulate"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -48,39 +52,90 @@ type planConfig struct {
 	bandwidth float64 // bytes/s, one direction alone
 	estimator layer.Estimator
 	groups    int
+	grouping  string // discovered or uniform
 	minBytes  int64
-	prefetch  int
+	prefetch  int // logical layers; the flag's default is mre's
 	margin    float64
+	curve     string // recorded or model
+	tiers     []int  // percent of the limit; nil: the planning path's
+}
+
+// planOptions are cfg's settings of the planning path; what a field leaves
+// at its zero value keeps the planning path's default, which is the
+// Engine's.
+func (cfg planConfig) planOptions() ([]plan.Option, error) {
+	var opts []plan.Option
+	groups := cmp.Or(cfg.groups, plan.DefaultGroups)
+	switch cfg.grouping {
+	case "", "uniform":
+		opts = append(opts, plan.WithGrouper(plan.Uniform(groups)))
+	case "discovered":
+		opts = append(opts, plan.WithGrouper(plan.Discovered(groups)))
+	default:
+		return nil, fmt.Errorf("--grouping: %q, want discovered or uniform", cfg.grouping)
+	}
+	switch cfg.curve {
+	case "", "recorded":
+		opts = append(opts, plan.WithRecordedCurve())
+	case "model":
+	default:
+		return nil, fmt.Errorf("--curve: %q, want recorded or model", cfg.curve)
+	}
+	if cfg.estimator != nil {
+		opts = append(opts, plan.WithEstimator(cfg.estimator))
+	}
+	if cfg.tiers != nil {
+		opts = append(opts, plan.WithTiers(cfg.tiers...))
+	}
+	if cfg.bandwidth > 0 {
+		opts = append(opts, plan.WithLink(simulate.H200().Scaled(cfg.bandwidth)))
+	}
+	mo := []mre.Option{mre.WithPrefetchLayers(cfg.prefetch)}
+	if cfg.minBytes > 0 {
+		mo = append(mo, mre.WithMinBytes(cfg.minBytes))
+	}
+	if cfg.margin > 0 {
+		mo = append(mo, mre.WithSafetyMargin(cfg.margin))
+	}
+	return append(opts, plan.WithPlanOptions(mo...)), nil
 }
 
 // planReport is the --json output: one object.
 type planReport struct {
-	Trace           string  `json:"trace"`
-	Iter            int     `json:"iter"`
-	Ops             int     `json:"ops"`
-	LimitBytes      int64   `json:"limit_bytes"`
+	Trace      string `json:"trace"`
+	Iter       int    `json:"iter"`
+	Ops        int    `json:"ops"`
+	LimitBytes int64  `json:"limit_bytes"`
+	// PlannedBytes is the limit tier the plan meets (90%, 95% or 100% of
+	// the limit, the lowest that can be met): what the Engine plans for.
+	PlannedBytes    int64   `json:"planned_limit_bytes"`
+	Groups          int     `json:"groups"`
+	Curve           string  `json:"curve"`
 	PeakBytesBefore int64   `json:"peak_bytes_before"`
 	PeakBytesAfter  int64   `json:"peak_bytes_after"`
 	IterationMSBase float64 `json:"iteration_ms_base"`
 	IterationMSSim  float64 `json:"iteration_ms_simulated"`
 	// IterationMSExec is the plan run as the Engine's executor runs it:
 	// copy streams in issue order, copies issued per simulate.Issue.
-	IterationMSExec  float64         `json:"iteration_ms_executor"`
-	PeakBytesExec    int64           `json:"peak_bytes_executor"`
-	OverheadPct      float64         `json:"overhead_pct"`
-	OverheadPctBound float64         `json:"overhead_pct_bound"`
-	Feasible         bool            `json:"feasible"`
-	Shortfall        *shortfall      `json:"shortfall,omitempty"`
-	BytesOut         int64           `json:"bytes_d2h"`
-	BytesIn          int64           `json:"bytes_h2d"`
-	UtilD2H          float64         `json:"link_util_d2h"`
-	UtilH2D          float64         `json:"link_util_h2d"`
-	Swaps            []simulate.Swap `json:"swaps"`
-	Baselines        struct {
+	IterationMSExec  float64 `json:"iteration_ms_executor"`
+	PeakBytesExec    int64   `json:"peak_bytes_executor"`
+	OverheadPct      float64 `json:"overhead_pct"`
+	OverheadPctBound float64 `json:"overhead_pct_bound"`
+	// OverheadPctBoundPlanned is the bound at the planned limit tier.
+	OverheadPctBoundPlanned float64         `json:"overhead_pct_bound_planned"`
+	Feasible                bool            `json:"feasible"`
+	Shortfall               *shortfall      `json:"shortfall,omitempty"`
+	BytesOut                int64           `json:"bytes_d2h"`
+	BytesIn                 int64           `json:"bytes_h2d"`
+	UtilD2H                 float64         `json:"link_util_d2h"`
+	UtilH2D                 float64         `json:"link_util_h2d"`
+	Swaps                   []simulate.Swap `json:"swaps"`
+	Baselines               struct {
 		SwapAll baseline `json:"swap_all"`
 	} `json:"baselines"`
 
 	policy *mre.Policy
+	sim    *simulate.Result // the policy as the executor issues it
 	names  []string
 }
 
@@ -104,10 +159,13 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	limit := fs.String("limit", "", "memory limit: bytes (12GiB, 12e9, 12GB) or a percentage of the iteration's recorded peak (70%)")
 	bw := fs.String("bandwidth", "55GB/s", "host link rate, one direction alone; congestion keeps the measured H200 ratios")
 	est := fs.String("estimator", defaultEstimator, "op-time estimator: "+strings.Join(estimatorNames(), ", "))
-	groups := fs.Int("groups", 32, "logical layers per forward and backward (uniform grouping)")
+	groups := fs.Int("groups", plan.DefaultGroups, "logical layers per forward and backward (at most `N` when discovered)")
+	grouping := fs.String("grouping", "uniform", "logical layers: uniform (equal op counts, as the Engine groups) or discovered (the repeating block)")
+	curve := fs.String("curve", "recorded", "the curve kept under the limit: recorded (op.mem, where the trace has it) or model (the memory model's, as the Engine plans)")
 	minBytes := fs.String("min-bytes", "1MiB", "smallest candidate tensor")
 	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use")
 	margin := fs.Float64("margin", 0, "safety margin on copy times (0.15 for Ascend-like devices)")
+	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
 	asJSON := fs.Bool("json", false, "print one JSON object; an infeasible limit prints feasible:false with the shortfall and exits 0")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit and the swap spans (`file`.svg or .png)")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
@@ -134,7 +192,27 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg := planConfig{iter: *iter, limit: *limit, bandwidth: rate, estimator: e, groups: *groups, minBytes: mb, prefetch: *prefetch, margin: *margin}
+	if *groups < 1 {
+		return fmt.Errorf("--groups: must be at least 1, got %d", *groups)
+	}
+	var tierList []int
+	for f := range strings.SplitSeq(*tiers, ",") {
+		if f = strings.TrimSuffix(strings.TrimSpace(f), "%"); f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil {
+			return fmt.Errorf("--tiers: %q is not a whole percentage", f)
+		}
+		tierList = append(tierList, v)
+	}
+	cfg := planConfig{iter: *iter, limit: *limit, bandwidth: rate, estimator: e, groups: *groups, grouping: *grouping,
+		minBytes: mb, prefetch: *prefetch, margin: *margin, curve: *curve, tiers: tierList}
+	if opts, err := cfg.planOptions(); err != nil {
+		return err
+	} else if err := plan.Validate(opts...); err != nil {
+		return err
+	}
 	fmt.Fprintf(stderr, "planning iteration %d\n", cfg.iter)
 	rep, err := planTrace(tr, cfg)
 	if err != nil && !(*asJSON && errors.Is(err, mre.ErrInfeasible)) {
@@ -150,7 +228,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--perfetto: %w", err)
 		}
-		werr := rep.policy.Sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps)
+		werr := rep.sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps)
 		if cerr := f.Close(); werr == nil {
 			werr = cerr
 		}
@@ -174,8 +252,10 @@ func estimatorNames() []string {
 	return out
 }
 
-// planTrace plans one iteration of tr. On an infeasible limit it returns
-// the report (Feasible false, Shortfall set) with the error.
+// planTrace plans one iteration of tr on the planning path the Engine
+// uses (plan.Make), with the recorded curve unless cfg says otherwise. On
+// an infeasible limit it returns the report (Feasible false, Shortfall set)
+// with the error.
 func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	k := cfg.iter
 	if k >= len(tr.Iterations) && len(tr.Iterations) == 1 {
@@ -188,68 +268,73 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	if len(it.Ops) == 0 {
 		return nil, fmt.Errorf("iteration %d has no ops", k)
 	}
-	m := memory.Build(it, memory.LiveOutFromTrace(tr, k))
-	in := mre.Input{Model: m}
-	curve := in.ResolveCurve()
-	in.Curve = curve
-	peak := int64(0)
-	for _, v := range curve {
-		peak = max(peak, v)
-	}
-	limit, err := chameleon.ParseLimit(cfg.limit, peak)
+	return planIteration(filepath.Base(tr.Name), k, plan.Input{Iter: it, LiveOut: memory.LiveOutFromTrace(tr, k)}, cfg)
+}
+
+// planIteration plans iteration k of the named trace (in.Limit is taken
+// from cfg.limit).
+func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planReport, error) {
+	it := in.Iter
+	opts, err := cfg.planOptions()
 	if err != nil {
+		return nil, err
+	}
+	// The limit may be a share of the peak of the curve the plan keeps
+	// under it, which the Group stage makes.
+	pre, err := plan.Prepare(in, opts...)
+	if err != nil {
+		return nil, err
+	}
+	peak := slices.Max(pre.Curve)
+	if in.Limit, err = chameleon.ParseLimit(cfg.limit, peak); err != nil {
 		return nil, fmt.Errorf("--limit: %w", err)
 	}
-	in.Limit = limit
-	if it.TimeMS <= 0 {
-		// No uninstrumented time: fall back to the instrumented one.
-		var sum float64
-		for _, op := range it.Ops {
-			sum += op.DurUS
-		}
-		it.TimeMS = sum / 1000
-	}
-	est := cfg.estimator
-	if est == nil {
-		est = estimators[defaultEstimator]
-	}
-	in.OpTimes = est.Estimate(it)
-	in.Groups = layer.Uniform(it.Ops, cfg.groups)
 	link := simulate.H200()
 	if cfg.bandwidth > 0 {
 		link = link.Scaled(cfg.bandwidth)
 	}
-	rep := &planReport{Trace: filepath.Base(tr.Name), Iter: k, Ops: len(it.Ops), LimitBytes: limit, PeakBytesBefore: peak}
+	rep := &planReport{Trace: name, Iter: k, Ops: len(it.Ops), LimitBytes: in.Limit, PeakBytesBefore: peak,
+		Groups: len(pre.Groups), Curve: cmp.Or(cfg.curve, "recorded")}
+	if !it.HasMem() {
+		rep.Curve = "model"
+	}
 	rep.names = make([]string, len(it.Ops))
 	for t := range it.Ops {
 		rep.names[t] = it.Ops[t].Name
 	}
-	var base float64
-	for _, d := range in.OpTimes {
-		base += d
-	}
-	rep.IterationMSBase = base / 1000
-	b := mre.LowerBound(curve, limit, in.OpTimes, link.D2H, link.H2D)
-	rep.OverheadPctBound = b.OverheadPct
-	// The baseline and the plan are independent: simulate them at once.
+	// The swap-all baseline needs only what the Group stage made: simulate
+	// it while the plan is made.
 	var g errgroup.Group
-	g.Go(func() error {
-		sim, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: mre.SwapAll(m), Link: link})
-		if err != nil {
-			return fmt.Errorf("swap-all baseline: %w", err)
+	baselineOf := func(r *plan.Result) {
+		g.Go(func() error {
+			sim, err := simulate.Run(simulate.Input{OpTimes: r.OpTimes, Curve: r.Curve, Swaps: mre.SwapAll(r.Model), Link: link})
+			if err != nil {
+				return fmt.Errorf("swap-all baseline: %w", err)
+			}
+			rep.Baselines.SwapAll = baseline{PeakBytes: sim.Peak, IterationMS: sim.IterationUS / 1000, OverheadPct: sim.OverheadPct()}
+			return nil
+		})
+	}
+	observe := plan.WithObserver(func(s plan.Stage) func(*plan.Result, error) {
+		return func(r *plan.Result, err error) {
+			if s == plan.StageGroup && err == nil {
+				baselineOf(r)
+			}
 		}
-		rep.Baselines.SwapAll = baseline{PeakBytes: sim.Peak, IterationMS: sim.IterationUS / 1000, OverheadPct: sim.OverheadPct()}
-		return nil
 	})
-	var pol *mre.Policy
-	g.Go(func() error {
-		pol, err = mre.Plan(in,
-			mre.WithLink(link), mre.WithMinBytes(cfg.minBytes), mre.WithPrefetchLayers(cfg.prefetch), mre.WithSafetyMargin(cfg.margin))
-		return nil // reported below, with the report it leaves
-	})
+	res, err := plan.Make(in, append(opts, observe)...)
 	if gerr := g.Wait(); gerr != nil {
 		return nil, gerr
 	}
+	if res == nil {
+		return nil, err
+	}
+	var base float64
+	for _, d := range res.OpTimes {
+		base += d
+	}
+	rep.IterationMSBase = base / 1000
+	rep.OverheadPctBound = mre.LowerBound(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D).OverheadPct
 	if err != nil {
 		var ie *mre.InfeasibleError
 		if errors.As(err, &ie) {
@@ -258,30 +343,28 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 			rep.IterationMSSim = rep.IterationMSBase
 			rep.Swaps = []simulate.Swap{}
 		}
-		return rep, fmt.Errorf("iteration %d, limit %d bytes: %w", k, limit, err)
+		return rep, fmt.Errorf("iteration %d: %w", k, err)
 	}
-	rep.policy = pol
+	pol := res.Policy
+	rep.policy, rep.sim = pol, res.Exec
 	rep.Feasible = true
+	rep.PlannedBytes = res.Planned
+	rep.OverheadPctBoundPlanned = mre.LowerBound(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D).OverheadPct
 	rep.PeakBytesAfter = pol.Sim.Peak
 	rep.IterationMSSim = pol.Sim.IterationUS / 1000
-	exec, err := simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: pol.Swaps, Link: link,
-		Issue: simulate.Issue(pol.Swaps, pol.Sim)})
-	if err != nil {
-		return nil, fmt.Errorf("executor order: %w", err)
-	}
-	rep.IterationMSExec, rep.PeakBytesExec = exec.IterationUS/1000, exec.Peak
+	rep.IterationMSExec, rep.PeakBytesExec = res.Exec.IterationUS/1000, res.Exec.Peak
 	rep.OverheadPct = pol.Sim.OverheadPct()
 	rep.BytesOut, rep.BytesIn = pol.Sim.BytesD2H, pol.Sim.BytesH2D
 	rep.UtilD2H, rep.UtilH2D = pol.Sim.UtilD2H(), pol.Sim.UtilH2D()
 	// Report op numbers as the trace's seq numbers.
+	seqOf := func(x int) int {
+		if x == len(it.Ops) { // a wrapping swap's copy out ends after the iteration
+			return it.Ops[x-1].Seq + 1
+		}
+		return it.Ops[x].Seq
+	}
 	rep.Swaps = make([]simulate.Swap, len(pol.Swaps))
 	for x, s := range pol.Swaps {
-		seqOf := func(x int) int {
-			if x == len(it.Ops) { // a wrapping swap's copy out ends after the iteration
-				return it.Ops[x-1].Seq + 1
-			}
-			return it.Ops[x].Seq
-		}
 		s.Out, s.Free, s.In, s.Use = seqOf(s.Out), seqOf(s.Free), seqOf(s.In), seqOf(s.Use)
 		rep.Swaps[x] = s
 	}
@@ -290,14 +373,15 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 
 func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "trace %s, iteration %d, %d ops\n", r.Trace, r.Iter, r.Ops)
-	fmt.Fprintf(w, "limit %s, peak %s\n", fmtBytes(r.LimitBytes), fmtBytes(r.PeakBytesBefore))
+	fmt.Fprintf(w, "limit %s, peak %s (%s curve), %d logical layers\n", fmtBytes(r.LimitBytes), fmtBytes(r.PeakBytesBefore), r.Curve, r.Groups)
 	if !r.Feasible {
 		fmt.Fprintf(w, "infeasible: %s over the limit at op %d\n", fmtBytes(r.Shortfall.Bytes), r.Shortfall.Op)
 		return
 	}
+	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)\n", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
 	fmt.Fprintf(w, "peak after %s, %d swaps, %s out, %s in\n", fmtBytes(r.PeakBytesAfter), len(r.Swaps), fmtBytes(r.BytesOut), fmtBytes(r.BytesIn))
-	fmt.Fprintf(w, "iteration %.2f ms -> %.2f ms simulated: overhead %.2f%% (bound %.2f%%)\n",
-		r.IterationMSBase, r.IterationMSSim, r.OverheadPct, r.OverheadPctBound)
+	fmt.Fprintf(w, "iteration %.2f ms -> %.2f ms simulated: overhead %.2f%% (bound %.2f%% at the limit, %.2f%% at the planned tier)\n",
+		r.IterationMSBase, r.IterationMSSim, r.OverheadPct, r.OverheadPctBound, r.OverheadPctBoundPlanned)
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
 	sa := r.Baselines.SwapAll
 	fmt.Fprintf(w, "swap-all (save_on_cpu): peak %s, %.2f ms, overhead %.1f%%\n", fmtBytes(sa.PeakBytes), sa.IterationMS, sa.OverheadPct)
@@ -323,8 +407,8 @@ func parseBandwidth(s string) (float64, error) {
 func plotPlan(path string, r *planReport) error {
 	pol := r.policy
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s iter %d: limit %s, overhead %.1f%% (bound %.1f%%)",
-		r.Trace, r.Iter, fmtBytes(r.LimitBytes), r.OverheadPct, r.OverheadPctBound)
+	p.Title.Text = fmt.Sprintf("%s iter %d: limit %s (planned %s), overhead %.1f%% (bound %.1f%%)",
+		r.Trace, r.Iter, fmtBytes(r.LimitBytes), fmtBytes(r.PlannedBytes), r.OverheadPct, r.OverheadPctBoundPlanned)
 	p.X.Label.Text = "op"
 	p.Y.Label.Text = "GiB"
 	gib := func(b int64) float64 { return float64(b) / (1 << 30) }

@@ -9,8 +9,8 @@ import (
 	"math"
 	"text/tabwriter"
 
-	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
@@ -70,7 +70,10 @@ func runProfile(args []string, stdout, stderr io.Writer) error {
 	if *iter < 0 || *iter >= len(tr.Iterations) {
 		return fmt.Errorf("--iter: %d out of range (the trace has %d iterations)", *iter, len(tr.Iterations))
 	}
-	rep := buildProfile(tr, *iter, *groups)
+	rep, err := buildProfile(tr, *iter, *groups)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -80,9 +83,14 @@ func runProfile(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func buildProfile(tr *trace.Trace, k, n int) profileReport {
+func buildProfile(tr *trace.Trace, k, n int) (profileReport, error) {
 	it := tr.Iterations[k]
-	m := memory.Build(it, memory.LiveOutFromTrace(tr, k))
+	// The planning path's Group stage, over the model's discovered layers.
+	pre, err := plan.Prepare(plan.Input{Iter: it, LiveOut: memory.LiveOutFromTrace(tr, k)}, plan.WithGrouper(plan.Discovered(n)))
+	if err != nil {
+		return profileReport{}, err
+	}
+	m := pre.Model
 	rep := profileReport{
 		Trace: tr.Name, Iter: it.Index, Ops: len(it.Ops), IterationMS: it.TimeMS,
 		PeakBytesRecorded: it.PeakBytes, PeakBytesModel: m.Peak,
@@ -99,19 +107,18 @@ func buildProfile(tr *trace.Trace, k, n int) profileReport {
 			rep.PeakBytesRecorded = rec
 		}
 	}
-	est := layer.Default().Estimate(it)
 	// measured: dur_us as relative weights, scaled to the iteration time.
 	var durSum float64
 	for _, op := range it.Ops {
 		durSum += op.DurUS
 	}
-	for _, g := range layer.Layers(it.Ops, n) {
+	for _, g := range pre.Groups {
 		pg := profileGroup{
 			Phase: g.Phase.String(), FirstOp: it.Ops[g.First].Seq, LastOp: it.Ops[g.Last].Seq, Ops: g.Len(),
 		}
 		var dur float64
 		for i := g.First; i <= g.Last; i++ {
-			pg.EstimatedMS += est[i] / 1000
+			pg.EstimatedMS += pre.OpTimes[i] / 1000
 			dur += it.Ops[i].DurUS
 			pg.PeakBytes = max(pg.PeakBytes, m.Curve[i])
 		}
@@ -120,7 +127,7 @@ func buildProfile(tr *trace.Trace, k, n int) profileReport {
 		}
 		rep.Groups = append(rep.Groups, pg)
 	}
-	return rep
+	return rep, nil
 }
 
 func writeProfileTable(w io.Writer, r profileReport) {
