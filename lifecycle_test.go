@@ -1,0 +1,135 @@
+package chameleon
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/chameleon-go/chameleon/seq"
+)
+
+var (
+	keyA = policyKey{Hash: 1, Ops: 100, Bytes: 1000}
+	keyB = policyKey{Hash: 2, Ops: 80, Bytes: 900}
+)
+
+// history is a lifecycle that has seen the given sequences, in order.
+func history(keys ...policyKey) lifecycle {
+	l := newLifecycle(2, 0.05, 0.5)
+	for _, k := range keys {
+		l.end(observation{key: k})
+	}
+	return l
+}
+
+func TestLifecycleEnd(t *testing.T) {
+	tests := []struct {
+		name  string
+		seen  []policyKey // iterations before
+		fail  bool        // planning failed for the latest sequence
+		stale bool        // the policy in force is already stale
+		give  observation
+		want  decision
+	}{
+		{name: "first iteration, nothing to do", give: observation{key: keyA}},
+		{name: "profiled, no policy: plan", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, profiled: true}, want: decision{plan: true}},
+		{name: "not profiled: no plan", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA}},
+		{name: "a changed sequence seen once is not planned", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyB, changed: true, profiled: true}},
+		{name: "a recurring changed sequence is planned and adopted", seen: []policyKey{keyB, keyA, keyB, keyA},
+			give: observation{key: keyB, changed: true, profiled: true}, want: decision{plan: true, adoptPlanned: true}},
+		{name: "a changed sequence drops the policy", seen: []policyKey{keyA},
+			give: observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 4}, want: decision{drop: true}},
+		{name: "dropped, with a cached policy for the new sequence: adopt it", seen: []policyKey{keyA},
+			give: observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 4, cached: true, profiled: true},
+			want: decision{drop: true, adopt: true}},
+		{name: "no policy, cached: adopt rather than plan", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, cached: true, profiled: true}, want: decision{adopt: true}},
+		{name: "the policy matches: keep it", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 2, profiled: true}},
+		{name: "too few matched: stale, and the profile replaces it", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 1, profiled: true}, want: decision{stale: true, plan: true}},
+		{name: "stale but not profiled: leaves the cache, keeps serving", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 1}, want: decision{stale: true}},
+		{name: "already stale: leaves the cache once, the profile replaces it", seen: []policyKey{keyA, keyA}, stale: true,
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 1, profiled: true}, want: decision{plan: true}},
+		{name: "already stale, now matching: still replaced", seen: []policyKey{keyA, keyA}, stale: true,
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, profiled: true}, want: decision{plan: true}},
+		{name: "a policy with no swaps is never stale", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, profiled: true}},
+		{name: "failed planning is not retried", seen: []policyKey{keyA, keyA}, fail: true,
+			give: observation{key: keyA, profiled: true}},
+		{name: "within the memory threshold it is the same sequence", seen: []policyKey{keyA, keyA}, fail: true,
+			give: observation{key: policyKey{Hash: 1, Ops: 100, Bytes: 1040}, profiled: true}},
+		{name: "beyond it another one, planned afresh", seen: []policyKey{keyA, keyA, {Hash: 1, Ops: 100, Bytes: 2000}}, fail: true,
+			give: observation{key: keyA, profiled: true}, want: decision{plan: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := history(tt.seen...)
+			if tt.fail {
+				l.planned(false)
+			}
+			l.refresh = tt.stale
+			assert.Equal(t, tt.want, l.end(tt.give))
+		})
+	}
+}
+
+func TestLifecycleRefresh(t *testing.T) {
+	l := history(keyA, keyA)
+	d := l.end(observation{key: keyA, policy: true, swaps: 4, matched: 1})
+	assert.True(t, d.stale)
+	assert.True(t, l.profile(true, seq.Stable, nil), "a stale policy: profile the next iteration")
+	d = l.end(observation{key: keyA, policy: true, swaps: 4, matched: 1, profiled: true})
+	assert.Equal(t, decision{plan: true}, d, "replaced, and dropped from the cache only once")
+	assert.False(t, l.profile(true, seq.Stable, func(policyKey) bool { return true }), "replaced: no more profiling")
+
+	l = history(keyA, keyA)
+	l.end(observation{key: keyA, policy: true, swaps: 4, matched: 1})
+	d = l.end(observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 1})
+	assert.Equal(t, decision{drop: true}, d)
+	assert.False(t, l.refresh, "a change ends the refresh: the stale policy is gone")
+}
+
+func TestLifecycleProfile(t *testing.T) {
+	none := func(policyKey) bool { return false }
+	all := func(policyKey) bool { return true }
+	tests := []struct {
+		name   string
+		seen   []policyKey
+		fail   bool
+		policy bool
+		next   seq.Stage
+		cached func(policyKey) bool
+		want   bool
+	}{
+		{name: "warm-up: no profile", next: seq.Warmup, cached: none},
+		{name: "no policy after warm-up: profile", seen: []policyKey{keyA, keyA}, next: seq.GenPolicy, cached: none, want: true},
+		{name: "no history yet, past warm-up: profile", next: seq.GenPolicy, cached: none, want: true},
+		{name: "a policy in force (and cached): no profile", seen: []policyKey{keyA, keyA}, policy: true, next: seq.Stable, cached: all},
+		{name: "failed sequence: no profile", seen: []policyKey{keyA, keyA}, fail: true, next: seq.GenPolicy, cached: none},
+		{name: "the sequence expected next recurs without a policy: profile",
+			seen: []policyKey{keyB, keyA, keyB, keyA}, policy: true, next: seq.Stable, cached: none, want: true},
+		{name: "the one expected next is cached: no profile",
+			seen: []policyKey{keyB, keyA, keyB, keyA}, policy: true, next: seq.Stable, cached: all},
+		{name: "the one expected next was seen too rarely: no profile",
+			seen: []policyKey{keyA, keyB, keyA}, policy: true, next: seq.Warmup, cached: none},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := history(tt.seen...)
+			if tt.fail {
+				l.planned(false)
+			}
+			assert.Equal(t, tt.want, l.profile(tt.policy, tt.next, tt.cached))
+		})
+	}
+	// The expected-next rule when that sequence's planning failed.
+	l := history(keyB, keyA, keyB)
+	l.planned(false) // keyB
+	l.end(observation{key: keyA})
+	assert.False(t, l.profile(true, seq.Stable, none), "keyB failed: not profiled again")
+}
