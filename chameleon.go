@@ -10,5 +10,10 @@
 //
 // Every stage before Execute is a pure function of its inputs, so a plan can
 // be made, tested and inspected from a recorded trace (package trace, and
-// the chameleon command) as well as live.
+// the chameleon command) as well as live. Package plan joins Group, Plan and
+// Simulate into the one planning path: the Engine plans a profiled
+// iteration with plan.Make, and so does the chameleon command.
+//
+// Start with a device (device/host.New for the pure-Go backend, device/cuda
+// or device/ascend for an accelerator), then New; ExampleNew shows a loop.
 package chameleon

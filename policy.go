@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/samber/lo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
@@ -111,10 +112,7 @@ func (e *Engine) cached(k policyKey) bool {
 // (plan.Make) with the Engine's settings, and binds it: persistent tensors
 // by handle, activations by their match features.
 func (e *Engine) plan(ctx context.Context, it *trace.Iteration, key policyKey) (*policy, *plan.Result, error) {
-	live := make(map[trace.TensorID]*Tensor, len(e.live))
-	for _, t := range e.live {
-		live[t.id] = t
-	}
+	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
 	opts := append(slices.Clone(e.cfg.planning), plan.WithObserver(e.spans(ctx)))
 	res, err := plan.Make(plan.Input{Iter: it, Limit: e.cfg.limit,
 		LiveOut: func(id trace.TensorID) bool { return live[id] != nil }}, opts...)

@@ -81,10 +81,11 @@ type CostModel struct {
 	HostBound float64
 }
 
-// DefaultCostModel is the cost model calibrated (Calibrate) on the kernel
-// times of one profiled iteration of llama16-bf16 on the H200 (the
-// optrace-kernels file of that trace); docs/estimation.md shows how it
-// carries over to other models, sequence lengths and precisions.
+// DefaultCostModel is the cost model fitted to the kernel times of one
+// profiled iteration of llama16-bf16 on the H200 (the optrace-kernels file
+// of that trace): per op kind and per token, the roofline time over the
+// measured time above a launch floor of 0.99 µs. docs/estimation.md shows
+// how it carries over to other models, sequence lengths and precisions.
 func DefaultCostModel() *CostModel {
 	return &CostModel{
 		Device: H200,
@@ -98,7 +99,7 @@ func DefaultCostModel() *CostModel {
 	}
 }
 
-// h200TokenEff is Calibrate's per-token result on the llama16-bf16 profile.
+// h200TokenEff is the per-token efficiency fitted on the llama16-bf16 profile.
 // Tokens far below 1 are latency-bound kernels whose bytes are tiny.
 var h200TokenEff = map[string]float64{
 	"aten::_foreach_add_.Scalar":                                 6.12e-05,
@@ -496,97 +497,6 @@ func maxOf(t []float64) float64 {
 		m = max(m, x)
 	}
 	return m
-}
-
-// Calibrate fits the model's launch floor and efficiencies to one detailed
-// profile: the per-op kernel (or duration) times measuredUS of it. The
-// launch floor is the median time of the ops whose roofline time is
-// negligible; each kind's and each token's efficiency is the ratio of its
-// roofline time to its measured time above the floor, summed over its ops
-// (so large ops weigh most, as they do in a group's time). Kinds and tokens
-// absent from the profile keep their values.
-func (m *CostModel) Calibrate(it *trace.Iteration, measuredUS []float64) {
-	unit := *m
-	unit.LaunchUS, unit.TokenEff = 0, nil
-	for k := range unit.Eff {
-		unit.Eff[k] = 1
-	}
-	type acc struct{ roof, meas, n float64 }
-	var kinds [numKinds]acc
-	tokens := map[string]*acc{}
-	var small []float64
-	roofs := make([]float64, len(it.Ops))
-	for i := range it.Ops {
-		if i >= len(measuredUS) {
-			break
-		}
-		op := &it.Ops[i]
-		kind := Classify(it, op)
-		if kind == KindView || kind == KindUnknown {
-			continue
-		}
-		r, _ := unit.Kernel(it, op)
-		roofs[i] = r
-		if r < 0.5 {
-			small = append(small, measuredUS[i])
-		}
-	}
-	if len(small) > 0 {
-		m.LaunchUS = median(small)
-	}
-	for i := range it.Ops {
-		if i >= len(measuredUS) {
-			break
-		}
-		op := &it.Ops[i]
-		kind := Classify(it, op)
-		if kind == KindView || kind == KindUnknown {
-			continue
-		}
-		kinds[kind].roof += roofs[i]
-		kinds[kind].meas += measuredUS[i]
-		kinds[kind].n++
-		for _, k := range [2]string{tokenKey(op), phaseKey(op)} {
-			if tokens[k] == nil {
-				tokens[k] = &acc{}
-			}
-			tokens[k].roof += roofs[i]
-			tokens[k].meas += measuredUS[i]
-			tokens[k].n++
-		}
-	}
-	eff := func(a acc) (float64, bool) {
-		above := a.meas - a.n*m.LaunchUS
-		// An op class that hardly exceeds the launch floor says nothing
-		// about bandwidth.
-		if a.roof <= 0 || above <= 0.1*a.meas {
-			return 0, false
-		}
-		return a.roof / above, true
-	}
-	for k := range kinds {
-		if e, ok := eff(kinds[k]); ok {
-			m.Eff[k] = e
-		}
-	}
-	if m.TokenEff == nil {
-		m.TokenEff = map[string]float64{}
-	}
-	for k, a := range tokens {
-		if e, ok := eff(*a); ok {
-			m.TokenEff[k] = e
-		}
-	}
-}
-
-func median(x []float64) float64 {
-	s := append([]float64(nil), x...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
-	return s[len(s)/2]
 }
 
 // Tokens is the learned per-token estimator: each op token (name and

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/samber/lo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/chameleon-go/chameleon"
@@ -245,11 +246,9 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 }
 
 func estimatorNames() []string {
-	var out []string
-	for n := range estimators {
-		out = append(out, n)
-	}
-	return out
+	names := lo.Keys(estimators)
+	slices.Sort(names)
+	return names
 }
 
 // planTrace plans one iteration of tr on the planning path the Engine
