@@ -3,11 +3,14 @@ package chameleon_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -204,4 +207,29 @@ func BenchmarkEngineOpSwapping(b *testing.B) {
 	}
 	after := l.eng.Stats()
 	b.ReportMetric(float64(after.SwapsOut-before.SwapsOut)/float64(n), "swaps/op")
+}
+
+// BenchmarkPlanMake is the planning path an Engine runs at the end of a
+// profiled iteration (plan.Make with its defaults: model, 32 uniform groups,
+// estimates, limit tiers, plan, executor-order simulation), on llama16-bf16
+// at 80% of its peak.
+func BenchmarkPlanMake(b *testing.B) {
+	tr := benchTrace(b, "llama16-bf16.jsonl.gz")
+	k := min(1, len(tr.Iterations)-1)
+	it := tr.Iterations[k]
+	in := plan.Input{Iter: it, LiveOut: memory.LiveOutFromTrace(tr, k)}
+	pre, err := plan.Prepare(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	in.Limit = slices.Max(pre.Model.Curve) * 8 / 10
+	b.ReportAllocs()
+	var r *plan.Result
+	for b.Loop() {
+		if r, err = plan.Make(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(r.Exec.OverheadPct(), "overhead_pct")
+	b.ReportMetric(float64(len(r.Swaps())), "swaps")
 }
