@@ -174,6 +174,9 @@ type Stats struct {
 	SwappedOutBytes int64
 	SwappedInBytes  int64
 	PeakDeviceBytes int64 // highest bytes the allocator handed out
+	// DeviceBytes and HostBytes are what the Engine holds now: device memory
+	// handed out (block-rounded) and pinned host buffers in use.
+	DeviceBytes, HostBytes int64
 }
 
 // New returns an Engine over dev. It reserves the memory limit on the
@@ -263,7 +266,9 @@ func (e *Engine) Close() error {
 // Stats returns the running totals.
 func (e *Engine) Stats() Stats {
 	s := e.stats
-	s.PeakDeviceBytes = e.alloc.Stats().PeakAllocated
+	a := e.alloc.Stats()
+	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated
+	s.HostBytes = e.pool.Stats().Allocated
 	return s
 }
 
@@ -281,8 +286,10 @@ func (e *Engine) Device() device.Device { return e.dev }
 // are allocated by the host right before the op that produces them (listed
 // in its Out); persistent tensors at any time.
 func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (*Tensor, error) {
-	if size <= 0 {
-		return nil, fmt.Errorf("chameleon: tensor of %d bytes", size)
+	if size <= 0 || size > e.cfg.limit {
+		// Larger than the limit can never be resident; refusing it here
+		// also keeps the allocator's block rounding from overflowing.
+		return nil, fmt.Errorf("chameleon: tensor of %d bytes (%s %v): want 1 to %d bytes, the memory limit", size, dtype, shape, e.cfg.limit)
 	}
 	var t *Tensor
 	if n := len(e.spare); n > 0 {
@@ -298,7 +305,7 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	ptr, err := e.allocate(size, e.compute)
 	if err != nil {
 		e.spare = append(e.spare, t)
-		return nil, err
+		return nil, fmt.Errorf("chameleon: new tensor of %d bytes: %w", size, err)
 	}
 	t.ptr = ptr
 	t.lastUse = e.serial

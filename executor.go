@@ -132,28 +132,30 @@ func (e *Engine) swapOut(t *Tensor) error {
 	if t.state == swappedIn {
 		// Still arriving: the copy out must follow the copy back.
 		if err := e.dev.StreamWait(e.d2h, t.ready); err != nil {
-			return err
+			return faulted("copy out", t, err)
 		}
 	}
 	if err := e.dev.Record(after, e.compute); err != nil {
-		return err
+		return faulted("copy out", t, err)
 	}
 	if err := e.dev.StreamWait(e.d2h, after); err != nil {
-		return err
+		return faulted("copy out", t, err)
 	}
 	buf, err := e.pool.Get(t.size, e.d2h)
 	if err != nil {
 		return fmt.Errorf("chameleon: pinned buffer for tensor %d (%d bytes): %w", t.id, t.size, err)
 	}
+	// On a fault the tensor stays on the device and the buffer goes back:
+	// at once when nothing was queued, behind the copy when it was.
 	if err := e.dev.CopyD2H(buf, t.ptr, e.d2h); err != nil {
-		return err
+		return faulted("copy out", t, err, func() error { return e.pool.Put(buf) })
 	}
 	done := e.ring[e.d2h].next()
 	if err := e.dev.Record(done, e.d2h); err != nil {
-		return err
+		return faulted("copy out", t, err, func() error { return e.dev.SyncStream(e.d2h) }, func() error { return e.pool.Put(buf) })
 	}
 	if err := e.alloc.FreeAfter(t.ptr, done, e.d2h); err != nil {
-		return err
+		return faulted("copy out", t, err, func() error { return e.pool.PutAfter(buf, done, e.d2h) })
 	}
 	t.host, t.outDone, t.state, t.ptr = buf, done, swapped, 0
 	e.stats.SwapsOut++
@@ -182,23 +184,45 @@ func (e *Engine) swapIn(t *Tensor, evict bool) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("chameleon: swap in tensor %d: %w", t.id, err)
 	}
+	// On a fault the tensor stays on the host and the device block goes
+	// back: at once when nothing was queued on it, after the copy when it was.
+	free := func() error { return e.alloc.Free(ptr) }
 	if err := e.dev.StreamWait(e.h2d, t.outDone); err != nil {
-		return false, err
+		return false, faulted("copy in", t, err, free)
 	}
 	if err := e.dev.CopyH2D(ptr, t.host, e.h2d); err != nil {
-		return false, err
+		return false, faulted("copy in", t, err, free)
 	}
 	ready := e.ring[e.h2d].next()
 	if err := e.dev.Record(ready, e.h2d); err != nil {
-		return false, err
+		return false, faulted("copy in", t, err, func() error { return e.dev.SyncStream(e.h2d) }, free)
 	}
 	if err := e.pool.PutAfter(t.host, ready, e.h2d); err != nil {
-		return false, err
+		// The copy is queued and tracked: the tensor arrives; its host
+		// buffer goes back once the copy is done.
+		host := t.host
+		t.ptr, t.ready, t.state, t.host = ptr, ready, swappedIn, device.HostBuf{}
+		return true, faulted("copy in", t, err, func() error { return e.dev.SyncEvent(ready) }, func() error { return e.pool.Put(host) })
 	}
 	t.ptr, t.ready, t.state, t.host = ptr, ready, swappedIn, device.HostBuf{}
 	e.stats.SwapsIn++
 	e.stats.SwappedInBytes += t.size
 	return true, nil
+}
+
+// faulted is the error of a failed swap step, after undoing what the step
+// took: the undo steps run in order and stop at the first that fails, since
+// a later one may be unsafe without it (a buffer given back while a copy
+// may still use it). Their errors join the step's.
+func faulted(what string, t *Tensor, err error, undo ...func() error) error {
+	errs := []error{fmt.Errorf("chameleon: %s of tensor %d (%d bytes): %w", what, t.id, t.size, err)}
+	for _, u := range undo {
+		if uerr := u(); uerr != nil {
+			errs = append(errs, fmt.Errorf("chameleon: undoing the failed %s: %w", what, uerr))
+			break
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // eventRing hands out events recorded on one stream in turn. Reusing an
