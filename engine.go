@@ -183,7 +183,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	e.onClose = append(e.onClose, e.alloc.Close)
 	// Round down to the allocator's block size: rounding up would hand out
 	// memory above the limit.
-	if err := e.alloc.Reserve(cfg.limit &^ 511); err != nil {
+	if err := e.alloc.Reserve(cfg.limit &^ (device.BlockSize - 1)); err != nil {
 		return fail(fmt.Errorf("chameleon: reserve %d bytes of device memory: %w", cfg.limit, err))
 	}
 	e.pool = device.NewHostPool(dev, device.WithGrowth(64<<20))
@@ -369,7 +369,9 @@ func (e *Engine) victims(want int64) []*Tensor {
 	slices.SortFunc(res, func(a, b *Tensor) int { return cmp.Compare(a.ptr, b.ptr) })
 	e.scratch = res
 	movable := func(t *Tensor) bool { return t.pin != e.serial }
-	end := func(t *Tensor) device.DevPtr { return t.ptr + device.DevPtr((t.size+511)&^511) }
+	end := func(t *Tensor) device.DevPtr {
+		return t.ptr + device.DevPtr((t.size+device.BlockSize-1)&^(device.BlockSize-1))
+	}
 	bestI, bestJ := -1, -1
 	var bestCost int64
 	var bestAge uint64

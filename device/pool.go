@@ -5,6 +5,12 @@ import (
 	"sync"
 )
 
+// BlockSize is the default granularity of Allocator and HostPool blocks, in
+// bytes: every block is rounded up to it. It is what CUDA's caching
+// allocators (PyTorch's among them) round to, so the memory model of a
+// recorded trace (memory.RoundBytes) and the allocator that replays it agree.
+const BlockSize = 512
+
 // MemOption configures an Allocator or a HostPool.
 type MemOption interface{ apply(*memConfig) }
 
@@ -30,9 +36,8 @@ func WithGrowth(segment int64) MemOption {
 	})
 }
 
-// WithAlignment sets the granularity of blocks (default 512 bytes, what
-// CUDA's caching allocators use). It must be a power of two; other values are
-// ignored.
+// WithAlignment sets the granularity of blocks (default BlockSize). It must
+// be a power of two; other values are ignored.
 func WithAlignment(n int64) MemOption {
 	return memOptionFunc(func(c *memConfig) {
 		if n > 0 && n&(n-1) == 0 {
@@ -42,7 +47,7 @@ func WithAlignment(n int64) MemOption {
 }
 
 func newMemConfig(opts []MemOption) memConfig {
-	c := memConfig{align: 512}
+	c := memConfig{align: BlockSize}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
