@@ -23,7 +23,7 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // EnvHome is the CANN environment variable whose lib64 holds libascendcl.so.

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // aclrtEventRecordedStatus values (acl_rt.h).

@@ -5,7 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // Constants from acl_rt.h (CANN; hicann/runtime include/external/acl/acl_rt.h).

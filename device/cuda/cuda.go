@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // EnvLibrary names the environment variable that points at libcudart.

@@ -7,7 +7,7 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // cudaMemcpyKind values (driver_types.h).

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // cudaStreamNonBlocking: the stream does not synchronize with the legacy
