@@ -138,6 +138,8 @@ type Engine struct {
 	live    []*Tensor
 	spare   []*Tensor // released handles, reused by NewTensor
 	scratch []*Tensor
+	blocks  []device.Resident // the allocator's view of scratch, for victims
+	window  []int             // victims' indices into scratch
 	nextID  trace.TensorID
 	serial  uint64
 	liveB   int64 // bytes of unreleased tensors, resident or not
@@ -205,7 +207,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	e.onClose = append(e.onClose, e.alloc.Close)
 	// Round down to the allocator's block size: rounding up would hand out
 	// memory above the limit.
-	if err := e.alloc.Reserve(cfg.limit &^ 511); err != nil {
+	if err := e.alloc.Reserve(cfg.limit &^ (device.BlockSize - 1)); err != nil {
 		return fail(fmt.Errorf("chameleon: reserve %d bytes of device memory: %w", cfg.limit, err))
 	}
 	e.pool = device.NewHostPool(dev, device.WithGrowth(64<<20))

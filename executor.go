@@ -1,10 +1,8 @@
 package chameleon
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/chameleon-go/chameleon/device"
 )
@@ -55,71 +53,34 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 
 // victims picks the tensors to swap out when an allocation of want bytes
 // fails. Enough free bytes are not enough: the request needs one free run
-// of addresses. So the choice is a window of the address space: the run of
-// resident tensors, none pinned by the current op, whose removal joins the
-// free gaps around them into a block of at least want bytes, with the fewest
-// bytes to move; among equal windows the least recently used. Persistent
-// tensors qualify too: optimizer state sits idle through forward and
-// backward, and moving it is what lets a tight limit hold an op's working
-// set.
+// of addresses, which only the allocator can see (its segments, free blocks
+// and rounding), so it chooses the window: the run of resident tensors,
+// none pinned by the current op, whose removal joins the free gaps around
+// them into a block of at least want bytes, with the fewest bytes to move;
+// among equal windows the least recently used. Persistent tensors qualify
+// too: optimizer state sits idle through forward and backward, and moving
+// it is what lets a tight limit hold an op's working set. No window means
+// no eviction can make the request fit.
 func (e *Engine) victims(want int64) []*Tensor {
 	res := e.scratch[:0]
+	blocks := e.blocks[:0]
 	for _, t := range e.live {
 		if t.state != swapped {
 			res = append(res, t)
+			blocks = append(blocks, device.Resident{Ptr: t.ptr, Movable: t.pin != e.serial, Cost: t.size, Age: t.lastUse})
 		}
 	}
-	slices.SortFunc(res, func(a, b *Tensor) int { return cmp.Compare(a.ptr, b.ptr) })
-	e.scratch = res
-	movable := func(t *Tensor) bool { return t.pin != e.serial }
-	end := func(t *Tensor) device.DevPtr { return t.ptr + device.DevPtr((t.size+511)&^511) }
-	bestI, bestJ := -1, -1
-	var bestCost int64
-	var bestAge uint64
-	// A window evicts res[i..j) and frees at least [start, limit): from the
-	// end of res[i-1] (or res[0]'s own start) to the start of res[j] (or
-	// the end of the last tensor: the segment reaches at least that far).
-	for i := range res {
-		start := res[0].ptr
-		if i > 0 {
-			start = end(res[i-1])
-		}
-		var cost int64
-		var age uint64
-		for j := i; j <= len(res); j++ {
-			limit := end(res[len(res)-1])
-			if j < len(res) {
-				limit = res[j].ptr
-			}
-			if int64(limit-start) >= want {
-				if bestI < 0 || cost < bestCost || (cost == bestCost && age < bestAge) {
-					bestI, bestJ, bestCost, bestAge = i, j, cost, age
-				}
-				break
-			}
-			if j == len(res) || !movable(res[j]) || (bestI >= 0 && cost > bestCost) {
-				break
-			}
-			cost += res[j].size
-			age = max(age, res[j].lastUse)
-		}
+	e.scratch, e.blocks = res, blocks
+	idx, ok, err := e.alloc.EvictionWindow(want, blocks, e.window[:0])
+	e.window = idx
+	if err != nil || !ok || len(idx) == 0 {
+		return nil
 	}
-	if bestI < 0 || bestJ == bestI {
-		// No window (or one the allocator could not use): fall back to the
-		// least recently used movable tensor, which at least frees bytes
-		// for the allocator to coalesce.
-		var lru *Tensor
-		for _, t := range res {
-			if movable(t) && (lru == nil || t.lastUse < lru.lastUse) {
-				lru = t
-			}
-		}
-		if lru == nil {
-			return nil
-		}
-		return []*Tensor{lru}
+	vs := make([]*Tensor, len(idx))
+	for i, k := range idx {
+		vs[i] = res[k]
 	}
-	return res[bestI:bestJ]
+	return vs
 }
 
 // swapOut copies t to pinned host memory on the d2h stream after the

@@ -33,6 +33,9 @@ type arena struct {
 type segment struct {
 	addr uintptr
 	size int64
+	// head is the segment's first block. It never changes: splitting keeps
+	// the lower part, coalescing keeps the lower block.
+	head *block
 }
 
 type block struct {
@@ -47,6 +50,9 @@ type block struct {
 	// pending lists events whose captured work may still use the block's
 	// memory; the next user must make its stream wait for them.
 	pending []pend
+	// cand is 1 + the block's index in the caller's list during window,
+	// 0 otherwise.
+	cand int32
 }
 
 // pend is one event guarding a free block, with the stream it was recorded
@@ -93,8 +99,8 @@ func (a *arena) recycle(b *block) {
 
 // addSegment adds [addr, addr+size) as one free block and returns its index.
 func (a *arena) addSegment(addr uintptr, size int64) int {
-	a.segs = append(a.segs, segment{addr: addr, size: size})
 	b := a.newBlock()
+	a.segs = append(a.segs, segment{addr: addr, size: size, head: b})
 	b.addr, b.size, b.seg, b.free = addr, size, len(a.segs)-1, true
 	a.insertFree(b)
 	a.reserved += size

@@ -1,9 +1,16 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 )
+
+// BlockSize is the default granularity of Allocator and HostPool blocks, in
+// bytes: every block is rounded up to it. It is what CUDA's caching
+// allocators (PyTorch's among them) round to, so the memory model of a
+// recorded trace (memory.RoundBytes) and the allocator that replays it agree.
+const BlockSize = 512
 
 // MemOption configures an Allocator or a HostPool.
 type MemOption interface{ apply(*memConfig) }
@@ -30,9 +37,8 @@ func WithGrowth(segment int64) MemOption {
 	})
 }
 
-// WithAlignment sets the granularity of blocks (default 512 bytes, what
-// CUDA's caching allocators use). It must be a power of two; other values are
-// ignored.
+// WithAlignment sets the granularity of blocks (default BlockSize). It must
+// be a power of two; other values are ignored.
 func WithAlignment(n int64) MemOption {
 	return memOptionFunc(func(c *memConfig) {
 		if n > 0 && n&(n-1) == 0 {
@@ -42,7 +48,7 @@ func WithAlignment(n int64) MemOption {
 }
 
 func newMemConfig(opts []MemOption) memConfig {
-	c := memConfig{align: 512}
+	c := memConfig{align: BlockSize}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -55,16 +61,20 @@ func newMemConfig(opts []MemOption) memConfig {
 // plus the event handling on reuse.
 type pool struct {
 	mu            sync.Mutex
+	what          string // "allocator", "host pool": for errors
 	dev           Device
 	cfg           memConfig
 	a             arena
 	closed        bool
 	backendAllocs int64
+	// alloc obtains a segment from the backend, free returns them all.
+	alloc func(size int64) (uintptr, error)
+	free  func() error
 
 	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
 	// that wait on them; free holds the indices no block refers to.
 	events []ownedEvent
-	free   []int32
+	idle   []int32
 	seq    uint64
 }
 
@@ -73,25 +83,65 @@ type ownedEvent struct {
 	refs int
 }
 
-func (p *pool) init(dev Device, opts []MemOption) {
-	p.dev = dev
+func (p *pool) init(what string, dev Device, opts []MemOption) {
+	p.what, p.dev = what, dev
 	p.cfg = newMemConfig(opts)
 	p.a = newArena(p.cfg.align)
 	p.a.onRef = func(idx int32, delta int) {
 		e := &p.events[idx]
 		e.refs += delta
 		if e.refs == 0 {
-			p.free = append(p.free, idx)
+			p.idle = append(p.idle, idx)
 		}
 	}
+}
+
+// reserve obtains one segment of size bytes (rounded up) from the backend.
+func (p *pool) reserve(size int64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("%s: reserve %d bytes: %w", p.what, size, ErrClosed)
+	}
+	return p.grow(p.a.roundUp(size))
+}
+
+// grow adds a segment of size bytes. Called with p.mu held.
+func (p *pool) grow(size int64) error {
+	if size <= 0 {
+		return fmt.Errorf("%s: reserve %d bytes: %w", p.what, size, ErrInvalidValue)
+	}
+	p.backendAllocs++
+	addr, err := p.alloc(size)
+	if err != nil {
+		return fmt.Errorf("%s: reserve %d bytes: %w", p.what, size, err)
+	}
+	p.a.addSegment(addr, size)
+	return nil
+}
+
+// close releases the pool's events and segments; later calls fail with
+// ErrClosed.
+func (p *pool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	err := errors.Join(p.destroyEvents(), p.free())
+	if err != nil {
+		return fmt.Errorf("%s: close: %w", p.what, err)
+	}
+	return nil
 }
 
 // record records a pool-owned event on s for a free.
 func (p *pool) record(s Stream) (pend, error) {
 	var idx int32
-	if n := len(p.free); n > 0 {
-		idx = p.free[n-1]
-		p.free = p.free[:n-1]
+	if n := len(p.idle); n > 0 {
+		idx = p.idle[n-1]
+		p.idle = p.idle[:n-1]
 	} else {
 		ev, err := p.dev.NewEvent()
 		if err != nil {
@@ -101,7 +151,7 @@ func (p *pool) record(s Stream) (pend, error) {
 		idx = int32(len(p.events) - 1)
 	}
 	if err := p.dev.Record(p.events[idx].ev, s); err != nil {
-		p.free = append(p.free, idx)
+		p.idle = append(p.idle, idx)
 		return pend{}, err
 	}
 	p.events[idx].refs = 1
@@ -110,7 +160,8 @@ func (p *pool) record(s Stream) (pend, error) {
 }
 
 // putOn frees addr behind the work queued on s so far.
-func (p *pool) putOn(what string, addr uintptr, s Stream) error {
+func (p *pool) putOn(addr uintptr, s Stream) error {
+	what := p.what
 	if p.closed {
 		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
 	}
@@ -133,14 +184,15 @@ func (p *pool) destroyEvents() error {
 			first = err
 		}
 	}
-	p.events, p.free = nil, nil
+	p.events, p.idle = nil, nil
 	return first
 }
 
 // get takes a block of at least size bytes and makes s wait for its pending
-// events. grow reserves a segment when nothing fits and growth is enabled.
+// events. A segment is added when nothing fits and growth is enabled.
 // Called with p.mu held.
-func (p *pool) get(what string, size int64, s Stream, grow func(int64) error) (*block, error) {
+func (p *pool) get(size int64, s Stream) (*block, error) {
+	what := p.what
 	if p.closed {
 		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrClosed)
 	}
@@ -151,7 +203,7 @@ func (p *pool) get(what string, size int64, s Stream, grow func(int64) error) (*
 	ready := func(b *block) bool { return p.readyFor(b, s) }
 	b := p.a.take(need, ready)
 	if b == nil && p.cfg.growth > 0 {
-		if err := grow(max(need, p.a.roundUp(p.cfg.growth))); err != nil {
+		if err := p.grow(max(need, p.a.roundUp(p.cfg.growth))); err != nil {
 			return nil, fmt.Errorf("%s: alloc %d bytes: grow: %w", what, size, err)
 		}
 		b = p.a.take(need, ready)
@@ -193,7 +245,8 @@ func (p *pool) readyFor(b *block, s Stream) bool {
 }
 
 // put frees the block at addr, guarded by ev when hasEv.
-func (p *pool) put(what string, addr uintptr, ev Event, s Stream, hasEv bool) error {
+func (p *pool) put(addr uintptr, ev Event, s Stream, hasEv bool) error {
+	what := p.what
 	if p.closed {
 		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
 	}
@@ -234,33 +287,27 @@ type Allocator struct {
 // NewAllocator returns an empty allocator over dev. Call Reserve before use.
 func NewAllocator(dev Device, opts ...MemOption) *Allocator {
 	a := &Allocator{}
-	a.p.init(dev, opts)
+	a.p.init("allocator", dev, opts)
+	a.p.alloc = func(size int64) (uintptr, error) {
+		ptr, err := dev.Alloc(size)
+		if err == nil {
+			a.segs = append(a.segs, ptr)
+		}
+		return uintptr(ptr), err
+	}
+	a.p.free = func() error {
+		var errs []error
+		for _, s := range a.segs {
+			errs = append(errs, dev.Free(s))
+		}
+		a.segs = nil
+		return errors.Join(errs...)
+	}
 	return a
 }
 
 // Reserve obtains one segment of size bytes from the backend.
-func (a *Allocator) Reserve(size int64) error {
-	a.p.mu.Lock()
-	defer a.p.mu.Unlock()
-	if a.p.closed {
-		return fmt.Errorf("allocator: reserve %d bytes: %w", size, ErrClosed)
-	}
-	return a.reserve(a.p.a.roundUp(size))
-}
-
-func (a *Allocator) reserve(size int64) error {
-	if size <= 0 {
-		return fmt.Errorf("allocator: reserve %d bytes: %w", size, ErrInvalidValue)
-	}
-	a.p.backendAllocs++
-	ptr, err := a.p.dev.Alloc(size)
-	if err != nil {
-		return fmt.Errorf("allocator: reserve %d bytes: %w", size, err)
-	}
-	a.segs = append(a.segs, ptr)
-	a.p.a.addSegment(uintptr(ptr), size)
-	return nil
-}
+func (a *Allocator) Reserve(size int64) error { return a.p.reserve(size) }
 
 // Alloc returns size bytes of device memory (rounded up to the alignment)
 // for work queued on s. If the memory was freed behind pending work, s is
@@ -269,7 +316,7 @@ func (a *Allocator) reserve(size int64) error {
 func (a *Allocator) Alloc(size int64, s Stream) (DevPtr, error) {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	b, err := a.p.get("allocator", size, s, a.reserve)
+	b, err := a.p.get(size, s)
 	if err != nil {
 		return 0, err
 	}
@@ -280,7 +327,7 @@ func (a *Allocator) Alloc(size int64, s Stream) (DevPtr, error) {
 func (a *Allocator) Free(ptr DevPtr) error {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	return a.p.put("allocator", uintptr(ptr), 0, 0, false)
+	return a.p.put(uintptr(ptr), 0, 0, false)
 }
 
 // FreeAfter returns memory that queued work still uses: ev must already be
@@ -294,7 +341,7 @@ func (a *Allocator) Free(ptr DevPtr) error {
 func (a *Allocator) FreeAfter(ptr DevPtr, ev Event, s Stream) error {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	return a.p.put("allocator", uintptr(ptr), ev, s, true)
+	return a.p.put(uintptr(ptr), ev, s, true)
 }
 
 // FreeOn returns memory that work queued on s still uses. The allocator
@@ -304,7 +351,7 @@ func (a *Allocator) FreeAfter(ptr DevPtr, ev Event, s Stream) error {
 func (a *Allocator) FreeOn(ptr DevPtr, s Stream) error {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	return a.p.putOn("allocator", uintptr(ptr), s)
+	return a.p.putOn(uintptr(ptr), s)
 }
 
 // Stats returns a snapshot of the allocator's counters.
@@ -313,25 +360,7 @@ func (a *Allocator) Stats() Stats { return a.p.stats() }
 // Close returns every segment to the backend. Blocks still in use become
 // invalid. Pending frees are not waited for: the backend's Free (cudaFree)
 // synchronizes the device itself.
-func (a *Allocator) Close() error {
-	a.p.mu.Lock()
-	defer a.p.mu.Unlock()
-	if a.p.closed {
-		return nil
-	}
-	a.p.closed = true
-	var first error
-	if err := a.p.destroyEvents(); err != nil {
-		first = fmt.Errorf("allocator: close: %w", err)
-	}
-	for _, s := range a.segs {
-		if err := a.p.dev.Free(s); err != nil && first == nil {
-			first = fmt.Errorf("allocator: close: %w", err)
-		}
-	}
-	a.segs = nil
-	return first
-}
+func (a *Allocator) Close() error { return a.p.close() }
 
 // HostPool is a pool of pinned host memory for swapped-out tensors. Slabs are
 // allocated up front with Reserve (cudaHostAlloc costs tens of milliseconds
@@ -351,39 +380,34 @@ type HostPool struct {
 // NewHostPool returns an empty pool over dev. Call Reserve before use.
 func NewHostPool(dev Device, opts ...MemOption) *HostPool {
 	h := &HostPool{}
-	h.p.init(dev, opts)
+	h.p.init("host pool", dev, opts)
+	h.p.alloc = func(size int64) (uintptr, error) {
+		buf, err := dev.AllocHost(size)
+		if err != nil {
+			return 0, err
+		}
+		h.slabs = append(h.slabs, buf)
+		return uintptr(buf.Ptr()), nil
+	}
+	h.p.free = func() error {
+		var errs []error
+		for _, s := range h.slabs {
+			errs = append(errs, dev.FreeHost(s))
+		}
+		h.slabs = nil
+		return errors.Join(errs...)
+	}
 	return h
 }
 
 // Reserve allocates one pinned slab of size bytes.
-func (h *HostPool) Reserve(size int64) error {
-	h.p.mu.Lock()
-	defer h.p.mu.Unlock()
-	if h.p.closed {
-		return fmt.Errorf("host pool: reserve %d bytes: %w", size, ErrClosed)
-	}
-	return h.reserve(h.p.a.roundUp(size))
-}
-
-func (h *HostPool) reserve(size int64) error {
-	if size <= 0 {
-		return fmt.Errorf("host pool: reserve %d bytes: %w", size, ErrInvalidValue)
-	}
-	h.p.backendAllocs++
-	buf, err := h.p.dev.AllocHost(size)
-	if err != nil {
-		return fmt.Errorf("host pool: reserve %d bytes: %w", size, err)
-	}
-	h.slabs = append(h.slabs, buf)
-	h.p.a.addSegment(uintptr(buf.Ptr()), size)
-	return nil
-}
+func (h *HostPool) Reserve(size int64) error { return h.p.reserve(size) }
 
 // Get returns a pinned buffer of exactly size bytes for copies queued on s.
 func (h *HostPool) Get(size int64, s Stream) (HostBuf, error) {
 	h.p.mu.Lock()
 	defer h.p.mu.Unlock()
-	b, err := h.p.get("host pool", size, s, h.reserve)
+	b, err := h.p.get(size, s)
 	if err != nil {
 		return HostBuf{}, err
 	}
@@ -395,7 +419,7 @@ func (h *HostPool) Get(size int64, s Stream) (HostBuf, error) {
 func (h *HostPool) Put(buf HostBuf) error {
 	h.p.mu.Lock()
 	defer h.p.mu.Unlock()
-	return h.p.put("host pool", uintptr(buf.Ptr()), 0, 0, false)
+	return h.p.put(uintptr(buf.Ptr()), 0, 0, false)
 }
 
 // PutAfter gives back a buffer that queued work still uses; ev must already
@@ -403,7 +427,7 @@ func (h *HostPool) Put(buf HostBuf) error {
 func (h *HostPool) PutAfter(buf HostBuf, ev Event, s Stream) error {
 	h.p.mu.Lock()
 	defer h.p.mu.Unlock()
-	return h.p.put("host pool", uintptr(buf.Ptr()), ev, s, true)
+	return h.p.put(uintptr(buf.Ptr()), ev, s, true)
 }
 
 // PutOn gives back a buffer that work queued on s still uses, like
@@ -411,7 +435,7 @@ func (h *HostPool) PutAfter(buf HostBuf, ev Event, s Stream) error {
 func (h *HostPool) PutOn(buf HostBuf, s Stream) error {
 	h.p.mu.Lock()
 	defer h.p.mu.Unlock()
-	return h.p.putOn("host pool", uintptr(buf.Ptr()), s)
+	return h.p.putOn(uintptr(buf.Ptr()), s)
 }
 
 // Stats returns a snapshot of the pool's counters.
@@ -420,22 +444,4 @@ func (h *HostPool) Stats() Stats { return h.p.stats() }
 // Close frees every slab. Callers must have synchronized the copies that use
 // the pool: unlike cudaFree, freeing pinned memory under a running copy is
 // not safe on every backend.
-func (h *HostPool) Close() error {
-	h.p.mu.Lock()
-	defer h.p.mu.Unlock()
-	if h.p.closed {
-		return nil
-	}
-	h.p.closed = true
-	var first error
-	if err := h.p.destroyEvents(); err != nil {
-		first = fmt.Errorf("host pool: close: %w", err)
-	}
-	for _, s := range h.slabs {
-		if err := h.p.dev.FreeHost(s); err != nil && first == nil {
-			first = fmt.Errorf("host pool: close: %w", err)
-		}
-	}
-	h.slabs = nil
-	return first
-}
+func (h *HostPool) Close() error { return h.p.close() }

@@ -13,7 +13,8 @@
 //     optimizer state created in the first step): those are live-out.
 //   - Storages used before they are produced in this iteration are live-in
 //     (parameters, optimizer state, inputs, last step's gradients).
-//   - The caching allocator rounds every block up to 512 bytes.
+//   - The caching allocator rounds every block up to device.BlockSize (512
+//     bytes).
 //   - The host frees a storage when its last reference drops, which can be
 //     later than its last use by an op: a model's output held by the caller
 //     until the step ends, a loop variable rebound on the next trip,
@@ -27,19 +28,18 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// BlockRound is the allocation granularity of PyTorch's CUDA caching
-// allocator: memory_allocated counts blocks rounded up to it.
-const BlockRound = 512
-
-// RoundBytes rounds a storage size up to the allocator's block size.
+// RoundBytes rounds a storage size up to the allocator's block size
+// (device.BlockSize, the granularity of PyTorch's CUDA caching allocator
+// too: memory_allocated counts blocks rounded up to it).
 func RoundBytes(n int64) int64 {
 	if n <= 0 {
 		return 0
 	}
-	return (n + BlockRound - 1) / BlockRound * BlockRound
+	return (n + device.BlockSize - 1) / device.BlockSize * device.BlockSize
 }
 
 // Lifetime is one storage's life inside an iteration.

@@ -23,7 +23,8 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/native"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // EnvHome is the CANN environment variable whose lib64 holds libascendcl.so.
@@ -136,6 +137,7 @@ func (a *api) release() error {
 
 // Device is one NPU. Create it with New.
 type Device struct {
+	native.Copies
 	api     *api
 	id      int
 	ctx     uintptr
@@ -143,9 +145,8 @@ type Device struct {
 	compute device.Stream
 	closed  atomic.Bool
 
-	mu      sync.Mutex
-	streams map[device.Stream]struct{}
-	events  map[device.Event]*atomic.Bool // recorded at least once
+	streams *native.Table[device.Stream, struct{}]
+	events  *native.Table[device.Event, *atomic.Bool] // recorded at least once
 }
 
 var _ device.Device = (*Device)(nil)
@@ -197,10 +198,15 @@ func open(a *api, cfg config) (*Device, error) {
 		id:      cfg.id,
 		ctx:     ctx,
 		compute: cfg.stream,
-		streams: make(map[device.Stream]struct{}),
-		events:  make(map[device.Event]*atomic.Bool),
+		streams: native.NewTable[device.Stream, struct{}]("ascend", "stream"),
+		events:  native.NewTable[device.Event, *atomic.Bool]("ascend", "event"),
 		name:    fmt.Sprintf("npu:%d", cfg.id),
 	}
+	// n is also destMax: every destination range is exactly the copy's size.
+	d.Copies = native.Copies{Backend: "ascend", Enter: d.enter, Leave: d.leave,
+		Async: func(dst, src, n uintptr, kind int32, s uintptr) error {
+			return check("aclrtMemcpyAsync", a.aclrtMemcpyAsync(dst, n, src, n, kind, s))
+		}}
 	if a.aclrtGetSocName != nil {
 		if soc := a.aclrtGetSocName(); soc != "" {
 			d.name = fmt.Sprintf("%s (npu:%d)", soc, cfg.id)
@@ -242,21 +248,7 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var errs []error
-	for s := range d.streams {
-		if rc := d.api.aclrtDestroyStream(uintptr(s)); rc != 0 {
-			errs = append(errs, fail("aclrtDestroyStream", rc))
-		}
-	}
-	for e := range d.events {
-		if rc := d.api.aclrtDestroyEvent(uintptr(e)); rc != 0 {
-			errs = append(errs, fail("aclrtDestroyEvent", rc))
-		}
-	}
-	clear(d.streams)
-	clear(d.events)
+	errs := []error{d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)}
 	if rc := d.api.aclrtResetDevice(int32(d.id)); rc != 0 {
 		errs = append(errs, fail("aclrtResetDevice", rc))
 	}

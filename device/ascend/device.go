@@ -3,7 +3,7 @@ package ascend
 import (
 	"github.com/ebitengine/purego"
 
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 type deviceFuncs struct {

@@ -77,3 +77,11 @@ func (e Error) Is(target error) bool {
 }
 
 func fail(call string, rc int32) error { return fmt.Errorf("ascend: %s: %w", call, Error(rc)) }
+
+// check is fail for a non-zero status, nil for success.
+func check(call string, rc int32) error {
+	if rc == 0 {
+		return nil
+	}
+	return fail(call, rc)
+}

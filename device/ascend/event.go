@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // aclrtEventRecordedStatus values (acl_rt.h).
@@ -50,9 +50,7 @@ func (f *eventFuncs) load(l *dl.Library) error {
 // NOT_READY for a never-recorded event; CUDA, and the device contract, say
 // complete.
 func (d *Device) recorded(ev device.Event) bool {
-	d.mu.Lock()
-	r := d.events[ev]
-	d.mu.Unlock()
+	r, _ := d.events.Get(ev)
 	return r != nil && r.Load()
 }
 
@@ -62,14 +60,9 @@ func (d *Device) NewEvent() (device.Event, error) {
 		return 0, err
 	}
 	defer d.leave()
-	var e uintptr
-	if rc := d.api.aclrtCreateEvent(&e); rc != 0 {
-		return 0, fail("aclrtCreateEvent", rc)
-	}
-	d.mu.Lock()
-	d.events[device.Event(e)] = new(atomic.Bool)
-	d.mu.Unlock()
-	return device.Event(e), nil
+	return d.events.Create(func(e *uintptr) error {
+		return check("aclrtCreateEvent", d.api.aclrtCreateEvent(e))
+	}, new(atomic.Bool))
 }
 
 // DestroyEvent implements device.Device.
@@ -78,17 +71,11 @@ func (d *Device) DestroyEvent(ev device.Event) error {
 		return err
 	}
 	defer d.leave()
-	d.mu.Lock()
-	_, ok := d.events[ev]
-	delete(d.events, ev)
-	d.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("ascend: destroy event %#x: not created by this device: %w", uintptr(ev), device.ErrInvalidValue)
-	}
-	if rc := d.api.aclrtDestroyEvent(uintptr(ev)); rc != 0 {
-		return fmt.Errorf("ascend: destroy event %#x: %w", uintptr(ev), fail("aclrtDestroyEvent", rc))
-	}
-	return nil
+	return d.events.Destroy(ev, d.api.destroyEvent)
+}
+
+func (f *eventFuncs) destroyEvent(e uintptr) error {
+	return check("aclrtDestroyEvent", f.aclrtDestroyEvent(e))
 }
 
 // Record implements device.Device with aclrtRecordEvent.
@@ -97,9 +84,7 @@ func (d *Device) Record(ev device.Event, s device.Stream) error {
 		return err
 	}
 	defer d.leave()
-	d.mu.Lock()
-	r := d.events[ev]
-	d.mu.Unlock()
+	r, _ := d.events.Get(ev)
 	if r == nil {
 		return fmt.Errorf("ascend: record event %#x: not created by this device: %w", uintptr(ev), device.ErrInvalidValue)
 	}

@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/chameleon-go/chameleon/device/internal/dl"
 	"github.com/chameleon-go/chameleon/device/internal/fakelib"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // fakes builds the fake runtimes of this test binary, by variant.

@@ -5,16 +5,17 @@ import (
 	"unsafe"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/native"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // Constants from acl_rt.h (CANN; hicann/runtime include/external/acl/acl_rt.h).
 const (
-	memMallocHugeFirst   = 0 // ACL_MEM_MALLOC_HUGE_FIRST: huge pages when the size allows
-	memcpyHostToDevice   = 1 // ACL_MEMCPY_HOST_TO_DEVICE
-	memcpyDeviceToHost   = 2 // ACL_MEMCPY_DEVICE_TO_HOST
-	memcpyDeviceToDevice = 3 // ACL_MEMCPY_DEVICE_TO_DEVICE
-	hbmMem               = 1 // ACL_HBM_MEM, the aclrtMemAttr for device memory in aclrtGetMemInfo
+	memMallocHugeFirst   = 0                     // ACL_MEM_MALLOC_HUGE_FIRST: huge pages when the size allows
+	memcpyHostToDevice   = native.HostToDevice   // ACL_MEMCPY_HOST_TO_DEVICE
+	memcpyDeviceToHost   = native.DeviceToHost   // ACL_MEMCPY_DEVICE_TO_HOST
+	memcpyDeviceToDevice = native.DeviceToDevice // ACL_MEMCPY_DEVICE_TO_DEVICE
+	hbmMem               = 1                     // ACL_HBM_MEM, the aclrtMemAttr for device memory in aclrtGetMemInfo
 )
 
 type memoryFuncs struct {
@@ -117,72 +118,37 @@ func (d *Device) FreeHost(b device.HostBuf) error {
 	return nil
 }
 
-// CopyH2D implements device.Device with aclrtMemcpyAsync.
-func (d *Device) CopyH2D(dst device.DevPtr, src device.HostBuf, s device.Stream) error {
-	return d.copyAsync(uintptr(dst), uintptr(src.Ptr()), src.Len(), memcpyHostToDevice, s)
-}
-
-// CopyD2H implements device.Device with aclrtMemcpyAsync.
-func (d *Device) CopyD2H(dst device.HostBuf, src device.DevPtr, s device.Stream) error {
-	return d.copyAsync(uintptr(dst.Ptr()), uintptr(src), dst.Len(), memcpyDeviceToHost, s)
-}
-
-// CopyD2D implements device.Device with aclrtMemcpyAsync.
-func (d *Device) CopyD2D(dst, src device.DevPtr, n int64, s device.Stream) error {
-	return d.copyAsync(uintptr(dst), uintptr(src), n, memcpyDeviceToDevice, s)
-}
-
-// copyAsync passes n as destMax too: every destination range here is
-// exactly the copy's size.
-func (d *Device) copyAsync(dst, src uintptr, n int64, kind int32, s device.Stream) error {
-	if err := d.enter("copy"); err != nil {
-		return err
-	}
-	defer d.leave()
-	if n < 0 {
-		return fmt.Errorf("ascend: copy %d bytes: %w", n, device.ErrInvalidValue)
-	}
-	if rc := d.api.aclrtMemcpyAsync(dst, uintptr(n), src, uintptr(n), kind, uintptr(s)); rc != 0 {
-		return fmt.Errorf("ascend: copy %d bytes %#x -> %#x (kind %d) on stream %#x: %w",
-			n, src, dst, kind, uintptr(s), fail("aclrtMemcpyAsync", rc))
-	}
-	return nil
-}
-
 // ReadDevice implements device.Device: aclrtSynchronizeDevice, then aclrtMemcpy.
 func (d *Device) ReadDevice(dst []byte, src device.DevPtr) error {
-	if err := d.enter("read device"); err != nil {
-		return err
-	}
-	defer d.leave()
-	if rc := d.api.aclrtSynchronizeDevice(); rc != 0 {
-		return fmt.Errorf("ascend: read device: %w", fail("aclrtSynchronizeDevice", rc))
-	}
-	if len(dst) == 0 {
-		return nil
-	}
 	n := uintptr(len(dst))
-	if rc := d.api.aclrtMemcpyToHost(unsafe.Pointer(&dst[0]), n, uintptr(src), n, memcpyDeviceToHost); rc != 0 {
-		return fmt.Errorf("ascend: read device %#x+%d: %w", uintptr(src), len(dst), fail("aclrtMemcpy", rc))
-	}
-	return nil
+	return d.syncCopy("read device", src, len(dst), func() int32 {
+		return d.api.aclrtMemcpyToHost(unsafe.Pointer(&dst[0]), n, uintptr(src), n, memcpyDeviceToHost)
+	})
 }
 
 // WriteDevice implements device.Device: aclrtSynchronizeDevice, then aclrtMemcpy.
 func (d *Device) WriteDevice(dst device.DevPtr, src []byte) error {
-	if err := d.enter("write device"); err != nil {
+	n := uintptr(len(src))
+	return d.syncCopy("write device", dst, len(src), func() int32 {
+		return d.api.aclrtMemcpyToDevice(uintptr(dst), n, unsafe.Pointer(&src[0]), n, memcpyHostToDevice)
+	})
+}
+
+// syncCopy waits for the whole device, then runs copy, an aclrtMemcpy of n
+// bytes at p (none when n is 0).
+func (d *Device) syncCopy(what string, p device.DevPtr, n int, copy func() int32) error {
+	if err := d.enter(what); err != nil {
 		return err
 	}
 	defer d.leave()
-	if rc := d.api.aclrtSynchronizeDevice(); rc != 0 {
-		return fmt.Errorf("ascend: write device: %w", fail("aclrtSynchronizeDevice", rc))
+	if err := check("aclrtSynchronizeDevice", d.api.aclrtSynchronizeDevice()); err != nil {
+		return fmt.Errorf("ascend: %s: %w", what, err)
 	}
-	if len(src) == 0 {
+	if n == 0 {
 		return nil
 	}
-	n := uintptr(len(src))
-	if rc := d.api.aclrtMemcpyToDevice(uintptr(dst), n, unsafe.Pointer(&src[0]), n, memcpyHostToDevice); rc != 0 {
-		return fmt.Errorf("ascend: write device %#x+%d: %w", uintptr(dst), len(src), fail("aclrtMemcpy", rc))
+	if err := check("aclrtMemcpy", copy()); err != nil {
+		return fmt.Errorf("ascend: %s %#x+%d: %w", what, uintptr(p), n, err)
 	}
 	return nil
 }

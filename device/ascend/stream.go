@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 type streamFuncs struct {
@@ -46,14 +46,9 @@ func (d *Device) NewStream() (device.Stream, error) {
 		return 0, err
 	}
 	defer d.leave()
-	var s uintptr
-	if rc := d.api.aclrtCreateStream(&s); rc != 0 {
-		return 0, fail("aclrtCreateStream", rc)
-	}
-	d.mu.Lock()
-	d.streams[device.Stream(s)] = struct{}{}
-	d.mu.Unlock()
-	return device.Stream(s), nil
+	return d.streams.Create(func(s *uintptr) error {
+		return check("aclrtCreateStream", d.api.aclrtCreateStream(s))
+	}, struct{}{})
 }
 
 // DestroyStream implements device.Device for streams from NewStream.
@@ -62,17 +57,11 @@ func (d *Device) DestroyStream(s device.Stream) error {
 		return err
 	}
 	defer d.leave()
-	d.mu.Lock()
-	_, ok := d.streams[s]
-	delete(d.streams, s)
-	d.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("ascend: destroy stream %#x: not created by this device: %w", uintptr(s), device.ErrInvalidValue)
-	}
-	if rc := d.api.aclrtDestroyStream(uintptr(s)); rc != 0 {
-		return fmt.Errorf("ascend: destroy stream %#x: %w", uintptr(s), fail("aclrtDestroyStream", rc))
-	}
-	return nil
+	return d.streams.Destroy(s, d.api.destroyStream)
+}
+
+func (f *streamFuncs) destroyStream(s uintptr) error {
+	return check("aclrtDestroyStream", f.aclrtDestroyStream(s))
 }
 
 // SyncStream implements device.Device with aclrtSynchronizeStream.

@@ -10,6 +10,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -17,7 +18,8 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/native"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // EnvLibrary names the environment variable that points at libcudart.
@@ -120,15 +122,15 @@ func load(paths []string) (*api, error) {
 
 // Device is one GPU. Create it with New.
 type Device struct {
+	native.Copies
 	api     *api
 	ordinal int
 	name    string
 	compute device.Stream
 	closed  atomic.Bool
 
-	mu      sync.Mutex
-	streams map[device.Stream]struct{}
-	events  map[device.Event]struct{}
+	streams *native.Table[device.Stream, struct{}]
+	events  *native.Table[device.Event, struct{}]
 }
 
 var _ device.Device = (*Device)(nil)
@@ -159,9 +161,13 @@ func New(opts ...Option) (*Device, error) {
 		api:     a,
 		ordinal: cfg.ordinal,
 		compute: cfg.stream,
-		streams: make(map[device.Stream]struct{}),
-		events:  make(map[device.Event]struct{}),
+		streams: native.NewTable[device.Stream, struct{}]("cuda", "stream"),
+		events:  native.NewTable[device.Event, struct{}]("cuda", "event"),
 	}
+	d.Copies = native.Copies{Backend: "cuda", Enter: d.enter, Leave: d.leave,
+		Async: func(dst, src, n uintptr, kind int32, s uintptr) error {
+			return check("cudaMemcpyAsync", a.cudaMemcpyAsync(dst, src, n, kind, s))
+		}}
 	d.name = fmt.Sprintf("cuda:%d", cfg.ordinal)
 	if n := a.deviceName(cfg.ordinal); n != "" {
 		d.name = fmt.Sprintf("%s (cuda:%d)", n, cfg.ordinal)
@@ -210,20 +216,8 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var first error
-	for s := range d.streams {
-		if rc := d.api.cudaStreamDestroy(uintptr(s)); rc != 0 && first == nil {
-			first = fmt.Errorf("cuda: close: %w", fail("cudaStreamDestroy", rc))
-		}
+	if err := errors.Join(d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)); err != nil {
+		return fmt.Errorf("cuda: close: %w", err)
 	}
-	for e := range d.events {
-		if rc := d.api.cudaEventDestroy(uintptr(e)); rc != 0 && first == nil {
-			first = fmt.Errorf("cuda: close: %w", fail("cudaEventDestroy", rc))
-		}
-	}
-	clear(d.streams)
-	clear(d.events)
-	return first
+	return nil
 }

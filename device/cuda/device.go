@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"unsafe"
 
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 type deviceFuncs struct {
@@ -41,11 +41,7 @@ func (f *deviceFuncs) load(l *dl.Library) error {
 	if l.Bind(dl.Func{Ptr: &f.cudaGetErrorName, Name: "cudaGetErrorName"}) != nil {
 		f.cudaGetErrorName = nil
 	}
-	for _, name := range []string{"cudaGetDeviceProperties_v2", "cudaGetDeviceProperties"} {
-		if l.Bind(dl.Func{Ptr: &f.cudaGetDeviceProperties, Name: name}) == nil {
-			break
-		}
-	}
+	_ = l.Bind(dl.Func{Ptr: &f.cudaGetDeviceProperties, Name: "cudaGetDeviceProperties_v2", Alt: []string{"cudaGetDeviceProperties"}})
 	return nil
 }
 

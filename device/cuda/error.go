@@ -86,3 +86,11 @@ func (e Error) Is(target error) bool {
 
 // fail wraps a non-zero return code with the call that produced it.
 func fail(call string, rc int32) error { return fmt.Errorf("cuda: %s: %w", call, Error(rc)) }
+
+// check is fail for a non-zero status, nil for success.
+func check(call string, rc int32) error {
+	if rc == 0 {
+		return nil
+	}
+	return fail(call, rc)
+}

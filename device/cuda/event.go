@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // cudaEventDisableTiming: swap events only order work; timing makes
@@ -54,14 +54,9 @@ func (d *Device) NewEvent() (device.Event, error) {
 		return 0, err
 	}
 	defer d.leave()
-	var e uintptr
-	if rc := d.api.cudaEventCreateWithFlags(&e, eventDisableTiming); rc != 0 {
-		return 0, fail("cudaEventCreateWithFlags", rc)
-	}
-	d.mu.Lock()
-	d.events[device.Event(e)] = struct{}{}
-	d.mu.Unlock()
-	return device.Event(e), nil
+	return d.events.Create(func(e *uintptr) error {
+		return check("cudaEventCreateWithFlags", d.api.cudaEventCreateWithFlags(e, eventDisableTiming))
+	}, struct{}{})
 }
 
 // DestroyEvent implements device.Device.
@@ -70,17 +65,11 @@ func (d *Device) DestroyEvent(ev device.Event) error {
 		return err
 	}
 	defer d.leave()
-	d.mu.Lock()
-	_, ok := d.events[ev]
-	delete(d.events, ev)
-	d.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("cuda: destroy event %#x: not created by this device: %w", uintptr(ev), device.ErrInvalidValue)
-	}
-	if rc := d.api.cudaEventDestroy(uintptr(ev)); rc != 0 {
-		return fmt.Errorf("cuda: destroy event %#x: %w", uintptr(ev), fail("cudaEventDestroy", rc))
-	}
-	return nil
+	return d.events.Destroy(ev, d.api.destroyEvent)
+}
+
+func (f *eventFuncs) destroyEvent(e uintptr) error {
+	return check("cudaEventDestroy", f.cudaEventDestroy(e))
 }
 
 // Record implements device.Device with cudaEventRecord.

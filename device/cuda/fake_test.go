@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/chameleon-go/chameleon/device/internal/dl"
 	"github.com/chameleon-go/chameleon/device/internal/fakelib"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // fakes caches the fake runtimes built in this test binary, by variant.

@@ -7,14 +7,15 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/native"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
-// cudaMemcpyKind values (driver_types.h).
+// cudaMemcpyKind values (driver_types.h), as native.Copies passes them.
 const (
-	memcpyHostToDevice   = 1
-	memcpyDeviceToHost   = 2
-	memcpyDeviceToDevice = 3
+	memcpyHostToDevice   = native.HostToDevice
+	memcpyDeviceToHost   = native.DeviceToHost
+	memcpyDeviceToDevice = native.DeviceToDevice
 )
 
 // cudaHostAllocDefault: plain page-locked memory. Portable or mapped memory
@@ -134,70 +135,37 @@ func (d *Device) FreeHost(b device.HostBuf) error {
 	return nil
 }
 
-// CopyH2D implements device.Device with cudaMemcpyAsync.
-func (d *Device) CopyH2D(dst device.DevPtr, src device.HostBuf, s device.Stream) error {
-	return d.copyAsync(uintptr(dst), uintptr(src.Ptr()), src.Len(), memcpyHostToDevice, s)
-}
-
-// CopyD2H implements device.Device with cudaMemcpyAsync.
-func (d *Device) CopyD2H(dst device.HostBuf, src device.DevPtr, s device.Stream) error {
-	return d.copyAsync(uintptr(dst.Ptr()), uintptr(src), dst.Len(), memcpyDeviceToHost, s)
-}
-
-// CopyD2D implements device.Device with cudaMemcpyAsync.
-func (d *Device) CopyD2D(dst, src device.DevPtr, n int64, s device.Stream) error {
-	return d.copyAsync(uintptr(dst), uintptr(src), n, memcpyDeviceToDevice, s)
-}
-
-func (d *Device) copyAsync(dst, src uintptr, n int64, kind int32, s device.Stream) error {
-	if err := d.enter("copy"); err != nil {
-		return err
-	}
-	defer d.leave()
-	if n < 0 {
-		return fmt.Errorf("cuda: copy %d bytes: %w", n, device.ErrInvalidValue)
-	}
-	if rc := d.api.cudaMemcpyAsync(dst, src, uintptr(n), kind, uintptr(s)); rc != 0 {
-		return fmt.Errorf("cuda: copy %d bytes %#x -> %#x (kind %d) on stream %#x: %w",
-			n, src, dst, kind, uintptr(s), fail("cudaMemcpyAsync", rc))
-	}
-	return nil
-}
-
 // ReadDevice implements device.Device: cudaDeviceSynchronize, then cudaMemcpy.
 // The device-wide sync is needed because cudaMemcpy orders only after the
 // legacy default stream, not after non-blocking streams.
 func (d *Device) ReadDevice(dst []byte, src device.DevPtr) error {
-	if err := d.enter("read device"); err != nil {
-		return err
-	}
-	defer d.leave()
-	if rc := d.api.cudaDeviceSynchronize(); rc != 0 {
-		return fmt.Errorf("cuda: read device: %w", fail("cudaDeviceSynchronize", rc))
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	if rc := d.api.cudaMemcpyToHost(unsafe.Pointer(&dst[0]), uintptr(src), uintptr(len(dst)), memcpyDeviceToHost); rc != 0 {
-		return fmt.Errorf("cuda: read device %#x+%d: %w", uintptr(src), len(dst), fail("cudaMemcpy", rc))
-	}
-	return nil
+	return d.syncCopy("read device", src, len(dst), func() int32 {
+		return d.api.cudaMemcpyToHost(unsafe.Pointer(&dst[0]), uintptr(src), uintptr(len(dst)), memcpyDeviceToHost)
+	})
 }
 
 // WriteDevice implements device.Device: cudaDeviceSynchronize, then cudaMemcpy.
 func (d *Device) WriteDevice(dst device.DevPtr, src []byte) error {
-	if err := d.enter("write device"); err != nil {
+	return d.syncCopy("write device", dst, len(src), func() int32 {
+		return d.api.cudaMemcpyToDevice(uintptr(dst), unsafe.Pointer(&src[0]), uintptr(len(src)), memcpyHostToDevice)
+	})
+}
+
+// syncCopy waits for the whole device, then runs copy, a cudaMemcpy of n
+// bytes at p (none when n is 0).
+func (d *Device) syncCopy(what string, p device.DevPtr, n int, copy func() int32) error {
+	if err := d.enter(what); err != nil {
 		return err
 	}
 	defer d.leave()
-	if rc := d.api.cudaDeviceSynchronize(); rc != 0 {
-		return fmt.Errorf("cuda: write device: %w", fail("cudaDeviceSynchronize", rc))
+	if err := check("cudaDeviceSynchronize", d.api.cudaDeviceSynchronize()); err != nil {
+		return fmt.Errorf("cuda: %s: %w", what, err)
 	}
-	if len(src) == 0 {
+	if n == 0 {
 		return nil
 	}
-	if rc := d.api.cudaMemcpyToDevice(uintptr(dst), unsafe.Pointer(&src[0]), uintptr(len(src)), memcpyHostToDevice); rc != 0 {
-		return fmt.Errorf("cuda: write device %#x+%d: %w", uintptr(dst), len(src), fail("cudaMemcpy", rc))
+	if err := check("cudaMemcpy", copy()); err != nil {
+		return fmt.Errorf("cuda: %s %#x+%d: %w", what, uintptr(p), n, err)
 	}
 	return nil
 }

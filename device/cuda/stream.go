@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/internal/dl"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // cudaStreamNonBlocking: the stream does not synchronize with the legacy
@@ -52,14 +52,9 @@ func (d *Device) NewStream() (device.Stream, error) {
 		return 0, err
 	}
 	defer d.leave()
-	var s uintptr
-	if rc := d.api.cudaStreamCreateWithFlags(&s, streamNonBlocking); rc != 0 {
-		return 0, fail("cudaStreamCreateWithFlags", rc)
-	}
-	d.mu.Lock()
-	d.streams[device.Stream(s)] = struct{}{}
-	d.mu.Unlock()
-	return device.Stream(s), nil
+	return d.streams.Create(func(s *uintptr) error {
+		return check("cudaStreamCreateWithFlags", d.api.cudaStreamCreateWithFlags(s, streamNonBlocking))
+	}, struct{}{})
 }
 
 // DestroyStream implements device.Device. Only streams from NewStream can be
@@ -69,17 +64,11 @@ func (d *Device) DestroyStream(s device.Stream) error {
 		return err
 	}
 	defer d.leave()
-	d.mu.Lock()
-	_, ok := d.streams[s]
-	delete(d.streams, s)
-	d.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("cuda: destroy stream %#x: not created by this device: %w", uintptr(s), device.ErrInvalidValue)
-	}
-	if rc := d.api.cudaStreamDestroy(uintptr(s)); rc != 0 {
-		return fmt.Errorf("cuda: destroy stream %#x: %w", uintptr(s), fail("cudaStreamDestroy", rc))
-	}
-	return nil
+	return d.streams.Destroy(s, d.api.destroyStream)
+}
+
+func (f *streamFuncs) destroyStream(s uintptr) error {
+	return check("cudaStreamDestroy", f.cudaStreamDestroy(s))
 }
 
 // SyncStream implements device.Device with cudaStreamSynchronize.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -66,13 +67,13 @@ func (m Model) SavedActivationBytes() int64 {
 
 // UpperBoundBytes bounds the device bytes a step can hold at once with no
 // swapping: persistent state, saved activations, and a generous allowance
-// for the transients of the widest op (each rounded to the allocator's 512
-// bytes). It sizes the reservation of an unlimited run.
+// for the transients of the widest op (each rounded to the allocator's
+// block size). It sizes the reservation of an unlimited run.
 func (m Model) UpperBoundBytes() int64 {
 	b := int64(m.Batch)
 	widest := int64(max(m.Width, m.FFN, m.TeacherHidden))
 	tensors := int64(8 + 2*m.Layers + 3*m.Layers + 8)
-	return m.PersistentBytes() + m.SavedActivationBytes() + 6*4*b*widest + tensors*512 + 1<<20
+	return m.PersistentBytes() + m.SavedActivationBytes() + 6*4*b*widest + tensors*device.BlockSize + 1<<20
 }
 
 // param is a trained tensor with its gradient and momentum buffer.

@@ -1,6 +1,10 @@
 package gpu
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/chameleon-go/chameleon/internal/dl"
+)
 
 // cuBLAS enums (cublas_api.h).
 const (
@@ -13,7 +17,7 @@ const (
 
 // cublas is the part of libcublas the example uses.
 type cublas struct {
-	lib *library
+	lib *dl.Library
 	// cublasStatus_t cublasCreate_v2(cublasHandle_t *handle);
 	create func(handle *uintptr) int32
 	// cublasStatus_t cublasDestroy_v2(cublasHandle_t handle);
@@ -39,19 +43,19 @@ func loadCublas() (*cublas, error) {
 		return nil, fmt.Errorf("cublas: %w", err)
 	}
 	b := &cublas{lib: lib}
-	if err := lib.bindAll(
-		bind(&b.create, "cublasCreate_v2"),
-		bind(&b.destroy, "cublasDestroy_v2"),
-		bind(&b.setStream, "cublasSetStream_v2"),
-		bind(&b.setMathMode, "cublasSetMathMode"),
-		bind(&b.setPointerMode, "cublasSetPointerMode_v2"),
+	if err := bind(lib,
+		dl.Func{Ptr: &b.create, Name: "cublasCreate_v2"},
+		dl.Func{Ptr: &b.destroy, Name: "cublasDestroy_v2"},
+		dl.Func{Ptr: &b.setStream, Name: "cublasSetStream_v2"},
+		dl.Func{Ptr: &b.setMathMode, Name: "cublasSetMathMode"},
+		dl.Func{Ptr: &b.setPointerMode, Name: "cublasSetPointerMode_v2"},
 	); err != nil {
 		return nil, fmt.Errorf("cublas: %w", err)
 	}
-	if lib.bindAll(bind(&b.statusName, "cublasGetStatusName")) != nil {
+	if bind(lib, dl.Func{Ptr: &b.statusName, Name: "cublasGetStatusName"}) != nil {
 		b.statusName = nil
 	}
-	if b.sgemm, err = lib.sym("cublasSgemm_v2"); err != nil {
+	if b.sgemm, err = sym(lib, "cublasSgemm_v2"); err != nil {
 		return nil, fmt.Errorf("cublas: %w", err)
 	}
 	return b, nil

@@ -3,12 +3,14 @@ package gpu
 import (
 	"fmt"
 	"runtime"
+
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // driver is the part of libcuda (the driver API) the example uses: load
 // the PTX NVRTC made and launch its kernels.
 type driver struct {
-	lib *library
+	lib *dl.Library
 	// CUresult cuInit(unsigned int Flags);
 	init func(flags uint32) int32
 	// CUresult cuDeviceGet(CUdevice *device, int ordinal);
@@ -41,23 +43,23 @@ func loadDriver() (*driver, error) {
 		return nil, fmt.Errorf("driver: %w", err)
 	}
 	d := &driver{lib: lib}
-	if err := lib.bindAll(
-		bind(&d.init, "cuInit"),
-		bind(&d.deviceGet, "cuDeviceGet"),
-		bind(&d.primaryRetain, "cuDevicePrimaryCtxRetain"),
-		bind(&d.primaryRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"),
-		bind(&d.setCurrent, "cuCtxSetCurrent"),
-		bind(&d.moduleLoad, "cuModuleLoadData"),
-		bind(&d.moduleUnload, "cuModuleUnload"),
-		bind(&d.getFunction, "cuModuleGetFunction"),
-		bind(&d.errorName, "cuGetErrorName"),
+	if err := bind(lib,
+		dl.Func{Ptr: &d.init, Name: "cuInit"},
+		dl.Func{Ptr: &d.deviceGet, Name: "cuDeviceGet"},
+		dl.Func{Ptr: &d.primaryRetain, Name: "cuDevicePrimaryCtxRetain"},
+		dl.Func{Ptr: &d.primaryRelease, Name: "cuDevicePrimaryCtxRelease_v2", Alt: []string{"cuDevicePrimaryCtxRelease"}},
+		dl.Func{Ptr: &d.setCurrent, Name: "cuCtxSetCurrent"},
+		dl.Func{Ptr: &d.moduleLoad, Name: "cuModuleLoadData"},
+		dl.Func{Ptr: &d.moduleUnload, Name: "cuModuleUnload"},
+		dl.Func{Ptr: &d.getFunction, Name: "cuModuleGetFunction"},
+		dl.Func{Ptr: &d.errorName, Name: "cuGetErrorName"},
 	); err != nil {
 		return nil, fmt.Errorf("driver: %w", err)
 	}
-	if d.launch, err = lib.sym("cuLaunchKernel"); err != nil {
+	if d.launch, err = sym(lib, "cuLaunchKernel"); err != nil {
 		return nil, fmt.Errorf("driver: %w", err)
 	}
-	if d.setCurrentAddr, err = lib.sym("cuCtxSetCurrent"); err != nil {
+	if d.setCurrentAddr, err = sym(lib, "cuCtxSetCurrent"); err != nil {
 		return nil, fmt.Errorf("driver: %w", err)
 	}
 	return d, nil
@@ -70,7 +72,7 @@ func (d *driver) check(what string, rc int32) error {
 	var name *byte
 	s := "CUDA_ERROR"
 	if d.errorName(rc, &name) == 0 && name != nil {
-		s = gostr(name)
+		s = dl.GoString(name)
 	}
 	return fmt.Errorf("driver: %s: %s (%d)", what, s, rc)
 }

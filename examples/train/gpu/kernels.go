@@ -12,6 +12,7 @@ import (
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // source holds the elementwise kernels. Each output element is computed by
@@ -217,7 +218,7 @@ func New(stream device.Stream, opts ...Option) (*Kernels, error) {
 		return nil, err
 	}
 	for i, name := range kernelNames {
-		cname := cstr(name)
+		cname := dl.CString(name)
 		if err := k.ctx.do("cuModuleGetFunction "+name, func() int32 { return k.drv.getFunction(&k.fns[i], k.mod, &cname[0]) }); err != nil {
 			return nil, err
 		}

@@ -18,11 +18,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
-	"strings"
-	"unsafe"
 
-	"github.com/ebitengine/purego"
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // ErrLibrary reports a library or symbol that could not be loaded.
@@ -57,82 +54,25 @@ func candidates(env string, names ...string) []string {
 	return c
 }
 
-type library struct {
-	h    uintptr
-	path string
-}
+// open returns the first candidate that loads, with its symbols global:
+// libcublas finds the libcublasLt it depends on that way when both sit in
+// a directory the loader does not search.
+func open(paths []string) (*dl.Library, error) { return dl.OpenGlobal(paths, ErrLibrary) }
 
-// open returns the first candidate that loads. RTLD_GLOBAL lets
-// libcublas find the libcublasLt it depends on when both sit in a
-// directory the loader does not search.
-func open(paths []string) (*library, error) {
-	runtime.LockOSThread() // dlerror is per thread
-	defer runtime.UnlockOSThread()
-	var tried []string
-	for _, p := range paths {
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
-		if err == nil {
-			return &library{h: h, path: p}, nil
-		}
-		tried = append(tried, fmt.Sprintf("%s (%v)", p, err))
-	}
-	return nil, fmt.Errorf("%w: tried %s", ErrLibrary, strings.Join(tried, "; "))
-}
-
-// sym returns the address of the first of names the library exports
-// (versioned names first where the headers rename a function).
-func (l *library) sym(names ...string) (uintptr, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	for _, n := range names {
-		if p, err := purego.Dlsym(l.h, n); err == nil && p != 0 {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: %s does not export %s", ErrLibrary, l.path, strings.Join(names, " or "))
-}
-
-// binding is a Go function variable and the symbol names it may have.
-type binding struct {
-	fn    any
-	names []string
-}
-
-func bind(fn any, names ...string) binding { return binding{fn: fn, names: names} }
-
-// bindAll resolves every symbol first and registers none if one is
-// missing: purego.RegisterLibFunc would panic instead.
-func (l *library) bindAll(bs ...binding) error {
-	addrs := make([]uintptr, len(bs))
-	var errs []error
-	for i, b := range bs {
-		p, err := l.sym(b.names...)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		addrs[i] = p
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	for i, b := range bs {
-		purego.RegisterFunc(b.fn, addrs[i])
+// bind resolves every symbol first and registers none if one is missing
+// (purego.RegisterLibFunc would panic instead).
+func bind(lib *dl.Library, fs ...dl.Func) error {
+	if err := lib.Bind(fs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrLibrary, err)
 	}
 	return nil
 }
 
-// cstr is s as a NUL-terminated byte slice; pass &b[0] to C.
-func cstr(s string) []byte { return append([]byte(s), 0) }
-
-// gostr copies a NUL-terminated C string.
-func gostr(p *byte) string {
-	if p == nil {
-		return ""
+// sym returns the address of the first of names the library exports.
+func sym(lib *dl.Library, names ...string) (uintptr, error) {
+	p, err := lib.Sym(names...)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrLibrary, err)
 	}
-	var n int
-	for *(*byte)(unsafe.Add(unsafe.Pointer(p), n)) != 0 {
-		n++
-	}
-	return string(unsafe.Slice(p, n))
+	return p, nil
 }

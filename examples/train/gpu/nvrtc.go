@@ -3,11 +3,13 @@ package gpu
 import (
 	"fmt"
 	"runtime"
+
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // nvrtc is the part of libnvrtc the example uses.
 type nvrtc struct {
-	lib *library
+	lib *dl.Library
 	// nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
 	//                                int numHeaders, const char * const *headers, const char * const *includeNames);
 	create func(prog *uintptr, src, name *byte, numHeaders int32, headers, includeNames **byte) int32
@@ -33,15 +35,15 @@ func loadNVRTC() (*nvrtc, error) {
 		return nil, fmt.Errorf("nvrtc: %w", err)
 	}
 	n := &nvrtc{lib: lib}
-	if err := lib.bindAll(
-		bind(&n.create, "nvrtcCreateProgram"),
-		bind(&n.compile, "nvrtcCompileProgram"),
-		bind(&n.ptxSize, "nvrtcGetPTXSize"),
-		bind(&n.ptx, "nvrtcGetPTX"),
-		bind(&n.logSize, "nvrtcGetProgramLogSize"),
-		bind(&n.log, "nvrtcGetProgramLog"),
-		bind(&n.destroy, "nvrtcDestroyProgram"),
-		bind(&n.errorString, "nvrtcGetErrorString"),
+	if err := bind(lib,
+		dl.Func{Ptr: &n.create, Name: "nvrtcCreateProgram"},
+		dl.Func{Ptr: &n.compile, Name: "nvrtcCompileProgram"},
+		dl.Func{Ptr: &n.ptxSize, Name: "nvrtcGetPTXSize"},
+		dl.Func{Ptr: &n.ptx, Name: "nvrtcGetPTX"},
+		dl.Func{Ptr: &n.logSize, Name: "nvrtcGetProgramLogSize"},
+		dl.Func{Ptr: &n.log, Name: "nvrtcGetProgramLog"},
+		dl.Func{Ptr: &n.destroy, Name: "nvrtcDestroyProgram"},
+		dl.Func{Ptr: &n.errorString, Name: "nvrtcGetErrorString"},
 	); err != nil {
 		return nil, fmt.Errorf("nvrtc: %w", err)
 	}
@@ -58,7 +60,7 @@ func (n *nvrtc) check(what string, rc int32) error {
 // Compile compiles CUDA C source to PTX (NUL-terminated, ready for
 // cuModuleLoadData). The compile log is in the error when it fails.
 func (n *nvrtc) Compile(src, name string, options ...string) ([]byte, error) {
-	csrc, cname := cstr(src), cstr(name)
+	csrc, cname := dl.CString(src), dl.CString(name)
 	var prog uintptr
 	if err := n.check("create program", n.create(&prog, &csrc[0], &cname[0], 0, nil, nil)); err != nil {
 		return nil, err
@@ -71,7 +73,7 @@ func (n *nvrtc) Compile(src, name string, options ...string) ([]byte, error) {
 	opts := make([][]byte, len(options))
 	ptrs := make([]*byte, len(options)+1)
 	for i, o := range options {
-		opts[i] = cstr(o)
+		opts[i] = dl.CString(o)
 		pin.Pin(&opts[i][0])
 		ptrs[i] = &opts[i][0]
 	}
