@@ -39,6 +39,9 @@ func TestEnginePlanIsCommandPlan(t *testing.T) {
 			if _, err := os.Stat(c.path); err != nil {
 				t.Skip("public traces absent")
 			}
+			if raceEnabled && c.path != bundled {
+				t.Skip("under the race detector, the bundled trace only")
+			}
 			tr, err := trace.ReadFile(c.path)
 			require.NoError(t, err)
 			scale, pct := c.scale, c.pct
