@@ -160,7 +160,14 @@ func newReader(r io.Reader, name string, c io.Closer) (*Reader, error) {
 	if c != nil {
 		rd.closers = append(rd.closers, c)
 	}
-	br := bufio.NewReaderSize(r, 1<<16)
+	size := 1 << 16
+	if l, ok := r.(interface{ Len() int }); ok {
+		// An in-memory input (bytes.Reader, strings.Reader) shorter than
+		// the buffer: small ones are read often (tests, fuzzing), and
+		// allocating 64 KiB each time is most of their cost.
+		size = min(size, max(l.Len(), 16))
+	}
+	br := bufio.NewReaderSize(r, size)
 	magic, _ := br.Peek(2)
 	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)

@@ -254,29 +254,56 @@ func TestReadKernels(t *testing.T) {
 
 // FuzzRead feeds arbitrary bytes to the reader: it must return an error or
 // a well-formed trace, never panic, and every op must reference declared
-// tensors.
+// tensors. The seeds are small on purpose: the fuzzer minimizes every input
+// that finds new coverage, and minimizing kilobytes of real trace lines
+// stalls it for most of a run.
 func FuzzRead(f *testing.F) {
-	b := plain(f)
-	lines := bytes.SplitAfter(b, []byte("\n"))
-	f.Add(bytes.Join(lines[:40], nil))
-	f.Add([]byte(`{"type":"header","format":"optrace/v1"}` + "\n" + `{"type":"footer"}` + "\n"))
-	f.Add([]byte(`{"type":"header","format":"optrace/v1"}` + "\n" +
+	const hdr = `{"type":"header","format":"optrace/v1","model":"m","amp":"bf16","seq":8}` + "\n"
+	one := hdr +
+		`{"type":"tensor","id":0,"bytes":64,"dtype":"bfloat16","shape":[4,8],"kind":"param","ptr":4096}` + "\n" +
+		`{"type":"tensor","id":1,"bytes":16,"dtype":"int64","shape":[2],"kind":"input"}` + "\n" +
+		`{"type":"tensor","id":2,"bytes":96,"dtype":"bfloat16","shape":[2,24],"kind":"act"}` + "\n" +
+		`{"type":"op","iter":0,"seq":0,"name":"aten::embedding","overload":"default","phase":"fwd","module":"model.embed","in":[0,1],"out":[2],"dur_us":12.5,"mem":96}` + "\n"
+	f.Add([]byte(hdr + `{"type":"footer"}` + "\n"))
+	f.Add([]byte(one +
+		`{"type":"iter_end","iter":0,"ops":1,"peak_bytes":96}` + "\n" + `{"type":"footer","uninstrumented_iter_ms":[1.5]}` + "\n"))
+	f.Add([]byte(hdr +
 		`{"type":"tensor","id":0,"bytes":16,"kind":"act"}` + "\n" +
 		`{"type":"op","iter":0,"seq":0,"name":"a","phase":"fwd","in":[],"out":[0],"mem":16}` + "\n" +
-		`{"type":"iter_end","iter":0,"ops":1}` + "\n" + `{"type":"footer"}` + "\n"))
+		`{"type":"op","iter":0,"seq":1,"name":"b","phase":"bwd","in":[0,0],"out":[0],"mem":16}` + "\n" +
+		`{"type":"iter_end","iter":0,"ops":2,"peak_bytes":32}` + "\n" + `{"type":"footer"}` + "\n"))
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	_, _ = io.WriteString(zw, hdr+`{"type":"footer"}`+"\n")
+	_ = zw.Close()
+	f.Add(zb.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := trace.Read(bytes.NewReader(data), "fuzz")
 		if err != nil {
+			var pe *trace.ParseError
+			if !errors.As(err, &pe) || pe.File != "fuzz" {
+				t.Fatalf("error does not name the file: %v", err)
+			}
 			return
 		}
 		for _, it := range tr.Iterations {
+			if it.PeakBytes < 0 || it.PeakBytes > trace.MaxBytes {
+				t.Fatalf("peak %d", it.PeakBytes)
+			}
 			for i, op := range it.Ops {
 				if op.Seq != i {
 					t.Fatalf("op %d has seq %d", i, op.Seq)
 				}
-				for _, id := range op.In {
-					if it.Tensor(id) == nil {
+				if op.Line < 2 || op.Mem > trace.MaxBytes || len(op.In) > trace.MaxOpTensors || len(op.Out) > trace.MaxOpTensors {
+					t.Fatalf("op %d: line %d, mem %d, %d in, %d out", i, op.Line, op.Mem, len(op.In), len(op.Out))
+				}
+				for _, id := range append(append([]trace.TensorID(nil), op.In...), op.Out...) {
+					tt := it.Tensor(id)
+					if tt == nil {
 						t.Fatalf("undeclared tensor %d", id)
+					}
+					if tt.Bytes < 0 || tt.Bytes > trace.MaxBytes || len(tt.Shape) > trace.MaxShapeDims || tt.Line < 2 || tt.Line >= op.Line {
+						t.Fatalf("tensor %d: %d bytes, %d dims, line %d (op at line %d)", id, tt.Bytes, len(tt.Shape), tt.Line, op.Line)
 					}
 				}
 			}
