@@ -85,6 +85,7 @@ const maxExtent = int64(1) << 50
 
 // readET decodes an Execution Trace one node at a time.
 func readET(r io.Reader, name string) (*etDoc, error) {
+	r = newSqueezer(r)
 	dec := json.NewDecoder(r)
 	if err := expectDelim(dec, '{', name, ""); err != nil {
 		return nil, err

@@ -70,6 +70,7 @@ type rawArgs struct {
 
 // readKineto decodes a Kineto (Chrome trace) JSON one event at a time.
 func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
+	r = newSqueezer(r)
 	dec := json.NewDecoder(r)
 	if err := expectDelim(dec, '{', name, ""); err != nil {
 		return nil, err
