@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // etNode is the part of one Execution Trace node the importer keeps.
@@ -402,8 +404,8 @@ func parseTensor(v, shape, strides json.RawMessage, dtype string) (tensorRef, bo
 			ext = off + span
 		}
 	}
-	if ext > maxExtent {
-		return tensorRef{}, false, fmt.Errorf("implausible extent %d elements", ext)
+	if ext > maxExtent || ext*item > trace.MaxBytes {
+		return tensorRef{}, false, fmt.Errorf("implausible extent %d elements of %d bytes", ext, item)
 	}
 	t.bytes = ext * item
 	return t, true, nil
