@@ -540,7 +540,7 @@ func skipValue(dec *json.Decoder, name, field string) error {
 // stream to its end so that a gzip stream verifies its length and checksum.
 func expectEnd(dec *json.Decoder, r io.Reader, name string) error {
 	rest := io.MultiReader(dec.Buffered(), r)
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, 4<<10) // usually a newline is left, if anything
 	for {
 		n, err := rest.Read(buf)
 		if len(bytes.TrimSpace(buf[:n])) > 0 {
