@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 
 	"github.com/chameleon-go/chameleon"
@@ -26,6 +27,9 @@ type Config struct {
 	Rounds int
 	// Limit is the Engine's device memory limit in (scaled) bytes.
 	Limit int64
+	// LimitFrom, when set, says where Limit came from ("80% of the peak
+	// recorded at f:12"); errors about the limit quote it.
+	LimitFrom string
 	// Options are passed to chameleon.New after the limit.
 	Options []chameleon.Option
 	// Progress, when set, gets a line per replayed iteration.
@@ -59,13 +63,81 @@ type Report struct {
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
 // all iterations), the base of a percent limit.
 func PeakBytes(tr *trace.Trace) int64 {
-	var p int64
+	if op := PeakOp(tr); op != nil {
+		return max(op.Mem, 0)
+	}
+	return 0
+}
+
+// PeakOp is the first op that recorded PeakBytes (its Line says where in
+// the trace file), nil when the trace has no ops.
+func PeakOp(tr *trace.Trace) *trace.Op {
+	var p *trace.Op
 	for _, it := range tr.Iterations {
 		for i := range it.Ops {
-			p = max(p, it.Ops[i].Mem)
+			if p == nil || it.Ops[i].Mem > p.Mem {
+				p = &it.Ops[i]
+			}
 		}
 	}
 	return p
+}
+
+// blockBytes is the granule the Engine rounds every allocation up to.
+const blockBytes = 512
+
+// Scaled is the size a replay at scale allocates for a storage of b bytes:
+// b/scale rounded up, at least 16 bytes. It refuses what no device can
+// hold: a negative size, or one whose rounding up to the Engine's 512-byte
+// blocks overflows int64.
+func Scaled(b, scale int64) (int64, error) {
+	if b < 0 {
+		return 0, fmt.Errorf("negative size %d", b)
+	}
+	if scale < 1 {
+		return 0, fmt.Errorf("scale %d: want at least 1", scale)
+	}
+	n := b / scale
+	if b%scale != 0 {
+		n++
+	}
+	if n > math.MaxInt64-(blockBytes-1) {
+		return 0, fmt.Errorf("%d bytes at scale 1/%d: rounding to %d-byte blocks overflows", b, scale, blockBytes)
+	}
+	return max(16, n), nil
+}
+
+// checkSizes refuses, before anything is allocated, a storage the replay
+// could not allocate under limit, naming the tensor and where the trace
+// declared it.
+func checkSizes(tr *trace.Trace, scale, limit int64) error {
+	room := limit &^ (blockBytes - 1) // what the Engine reserves
+	seen := make(map[*trace.Tensor]bool)
+	for _, it := range tr.Iterations {
+		for _, id := range sortedIDs(it) {
+			t := it.Tensors[id]
+			if seen[t] {
+				continue
+			}
+			seen[t] = true
+			n, err := Scaled(t.Bytes, scale)
+			if err == nil && (n+blockBytes-1)&^(blockBytes-1) > room {
+				err = fmt.Errorf("%d bytes at scale 1/%d: larger than the device limit of %d bytes", n, scale, limit)
+			}
+			if err != nil {
+				return fmt.Errorf("replay: tensor %d (%d bytes, declared at %s): %w", id, t.Bytes, where(tr, t.Line), err)
+			}
+		}
+	}
+	return nil
+}
+
+// where is file:line, or the file alone when the line is unknown.
+func where(tr *trace.Trace, line int) string {
+	if line > 0 {
+		return fmt.Sprintf("%s:%d", tr.Name, line)
+	}
+	return tr.Name
 }
 
 // live is one replayed storage.
@@ -85,9 +157,28 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	if len(tr.Iterations) == 0 {
 		return nil, errors.New("replay: trace has no iterations")
 	}
+	limitErr := func(err error) error {
+		if cfg.LimitFrom != "" {
+			return fmt.Errorf("replay: limit %d bytes (%s): %w", cfg.Limit, cfg.LimitFrom, err)
+		}
+		return fmt.Errorf("replay: limit %d bytes: %w", cfg.Limit, err)
+	}
+	if cfg.Limit <= 0 {
+		return nil, limitErr(errors.New("want a positive limit"))
+	}
+	_, total, err := dev.MemInfo()
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	if cfg.Limit > total {
+		return nil, limitErr(fmt.Errorf("larger than %s (%d bytes)", dev.Name(), total))
+	}
+	if err := checkSizes(tr, cfg.Scale, cfg.Limit); err != nil {
+		return nil, err
+	}
 	eng, err := chameleon.New(dev, append([]chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit)}, cfg.Options...)...)
 	if err != nil {
-		return nil, err
+		return nil, limitErr(err)
 	}
 	rep := &Report{Trace: tr.Name, Scale: cfg.Scale, LimitBytes: cfg.Limit, Engine: eng}
 	// Release points per iteration, from the memory model (which reads
@@ -102,7 +193,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 			}
 		}
 	}
-	r := &runner{eng: eng, dev: dev, scale: cfg.Scale, tensors: map[trace.TensorID]*live{}, rep: rep}
+	r := &runner{eng: eng, dev: dev, tr: tr, scale: cfg.Scale, tensors: map[trace.TensorID]*live{}, rep: rep}
 	// Parameters and optimizer state first, as a training job allocates
 	// them at start: scattered among activations they would fragment the
 	// device memory for the whole run.
@@ -152,14 +243,13 @@ func sortedIDs(it *trace.Iteration) []trace.TensorID {
 type runner struct {
 	eng     *chameleon.Engine
 	dev     device.Device
+	tr      *trace.Trace
 	scale   int64
 	tensors map[trace.TensorID]*live
 	rep     *Report
 	buf     []byte
 	want    []byte
 }
-
-func (r *runner) scaled(b int64) int64 { return max(16, (b+r.scale-1)/r.scale) }
 
 func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *uint64) error {
 	e := r.eng
@@ -238,9 +328,13 @@ func (r *runner) get(it *trace.Iteration, id trace.TensorID, out bool) (*live, e
 	if tt.Kind.Persistent() {
 		kind = chameleon.Persistent
 	}
-	t, err := r.eng.NewTensor(r.scaled(tt.Bytes), kind, tt.DType, tt.Shape)
+	size, err := Scaled(tt.Bytes, r.scale) // checked by checkSizes
 	if err != nil {
-		return nil, fmt.Errorf("tensor %d (%d bytes): %w", id, tt.Bytes, err)
+		return nil, fmt.Errorf("tensor %d (%d bytes, declared at %s): %w", id, tt.Bytes, where(r.tr, tt.Line), err)
+	}
+	t, err := r.eng.NewTensor(size, kind, tt.DType, tt.Shape)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %d (%d bytes, declared at %s): %w", id, tt.Bytes, where(r.tr, tt.Line), err)
 	}
 	l := &live{t: t}
 	r.tensors[id] = l

@@ -94,6 +94,10 @@ type Tensor struct {
 	Shape []int64 // of the first tensor seen on the storage
 	Kind  Kind
 	Ptr   uint64 // device address when recorded, else 0
+	// Line is the line of the trace file that declared the storage (from
+	// 1), 0 when it was not read from a line-oriented file: errors about
+	// the tensor in later stages point back at it.
+	Line int
 }
 
 // Op is one operator call.
@@ -116,6 +120,9 @@ type Op struct {
 	// it has a model for.
 	FLOPs   float64
 	IOBytes float64
+	// Line is the line of the trace file the op was read from (from 1), 0
+	// when it was not read from a line-oriented file.
+	Line int
 }
 
 // Iteration is one training step: its operators in execution order and what

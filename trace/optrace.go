@@ -37,8 +37,36 @@ func (e *ParseError) Unwrap() error { return e.Err }
 // its footer: a cut-off file must never read as a shorter trace.
 var ErrTruncated = errors.New("trace ends early (no footer): file truncated?")
 
+// Limits of the optrace/v1 reader. Input beyond one is refused with a
+// ParseError naming the line and the field, so that a damaged or hostile
+// file costs memory in proportion to what it legitimately holds and no size
+// that overflows int64 arithmetic reaches later stages. They sit far above
+// what real recordings reach: in the traces of Llama (up to 7B layer shapes,
+// LoRA, checkpointing, fp16 scaler, decode) and Mixtral recorded on an H200,
+// the longest line is 3,819 bytes (a foreach optimizer op), shapes have at
+// most 4 dims, an op has at most 735 inputs and 8 outputs, the largest
+// storage is 2.0 GB and the largest allocated-bytes value 34.5 GB.
+const (
+	// MaxLineBytes bounds one line (16 MiB). A longer line is refused after
+	// reading at most this much of it.
+	MaxLineBytes = 16 << 20
+	// MaxShapeDims bounds the dims of a tensor's shape (NumPy's own limit
+	// is 64).
+	MaxShapeDims = 64
+	// MaxOpTensors bounds each of an op's in and out lists: a million
+	// tensor ids still fit a line.
+	MaxOpTensors = 1 << 20
+	// MaxBytes bounds a storage size (bytes), a recorded allocated-bytes
+	// value (mem) and an iteration's peak (peak_bytes): 4 TiB, more than any
+	// accelerator holds, and small enough that a sum over a million
+	// storages cannot overflow int64.
+	MaxBytes = 4 << 40
+)
+
 // Reader streams an optrace/v1 trace one iteration at a time, so only the
 // iteration being read and the table of declared storages are in memory.
+// It refuses input beyond MaxLineBytes, MaxShapeDims, MaxOpTensors and
+// MaxBytes.
 type Reader struct {
 	name    string
 	br      *bufio.Reader
@@ -82,7 +110,7 @@ type rawLine struct {
 	ID    *int64  `json:"id"`
 	Bytes *int64  `json:"bytes"`
 	DType string  `json:"dtype"`
-	Shape []int64 `json:"shape"`
+	Shape dimList `json:"shape"`
 	Kind  string  `json:"kind"`
 	Ptr   uint64  `json:"ptr"`
 	// op (seq doubles as the header's sequence length)
@@ -92,8 +120,8 @@ type rawLine struct {
 	Overload string   `json:"overload"`
 	Phase    string   `json:"phase"`
 	Module   string   `json:"module"`
-	In       []int64  `json:"in"`
-	Out      []int64  `json:"out"`
+	In       inList   `json:"in"`
+	Out      outList  `json:"out"`
 	DurUS    *float64 `json:"dur_us"`
 	Mem      *int64   `json:"mem"`
 	FLOPs    float64  `json:"flops"`
@@ -101,7 +129,7 @@ type rawLine struct {
 	// iter_end
 	Ops       *int    `json:"ops"`
 	SeqLen    int     `json:"seq_len"`
-	PeakBytes int64   `json:"peak_bytes"`
+	PeakBytes *int64  `json:"peak_bytes"`
 	WallMS    float64 `json:"wall_ms"`
 	UninstMS  float64 `json:"uninstrumented_ms"`
 	// footer
@@ -132,7 +160,14 @@ func newReader(r io.Reader, name string, c io.Closer) (*Reader, error) {
 	if c != nil {
 		rd.closers = append(rd.closers, c)
 	}
-	br := bufio.NewReaderSize(r, 1<<16)
+	size := 1 << 16
+	if l, ok := r.(interface{ Len() int }); ok {
+		// An in-memory input (bytes.Reader, strings.Reader) shorter than
+		// the buffer: small ones are read often (tests, fuzzing), and
+		// allocating 64 KiB each time is most of their cost.
+		size = min(size, max(l.Len(), 16))
+	}
+	br := bufio.NewReaderSize(r, size)
 	magic, _ := br.Peek(2)
 	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
@@ -175,9 +210,23 @@ func (r *Reader) errf(field string, format string, args ...any) error {
 // clean end of input.
 func (r *Reader) next() error {
 	for {
+		if cap(r.buf) > 1<<20 {
+			r.buf = nil // do not keep one long line's buffer for the whole file
+		}
 		r.buf = r.buf[:0]
 		for {
 			chunk, err := r.br.ReadSlice('\n')
+			if len(r.buf)+len(chunk) > MaxLineBytes {
+				r.line++
+				return &ParseError{File: r.name, Line: r.line, Err: fmt.Errorf("line longer than %d bytes", MaxLineBytes)}
+			}
+			if len(r.buf)+len(chunk) > cap(r.buf) {
+				// Double: append's slower growth of large slices would
+				// allocate five times the line on the way to the cap.
+				nb := make([]byte, len(r.buf), min(2*cap(r.buf)+len(chunk), MaxLineBytes))
+				copy(nb, r.buf)
+				r.buf = nb
+			}
 			r.buf = append(r.buf, chunk...)
 			if err == bufio.ErrBufferFull {
 				continue
@@ -202,6 +251,10 @@ func (r *Reader) next() error {
 		r.raw = rawLine{}
 		if err := json.Unmarshal(line, &r.raw); err != nil {
 			var te *json.UnmarshalTypeError
+			var le *listError
+			if errors.As(err, &le) {
+				return &ParseError{File: r.name, Line: r.line, Field: le.field, Err: fmt.Errorf("%d elements, more than the %d allowed", le.n, le.max)}
+			}
 			if errors.As(err, &te) {
 				return &ParseError{File: r.name, Line: r.line, Field: te.Field, Err: fmt.Errorf("want %s, got JSON %s", te.Type, te.Value)}
 			}
@@ -295,7 +348,13 @@ func (r *Reader) Next() (*Iteration, error) {
 			if *l.Ops != len(it.Ops) {
 				return nil, r.errf("ops", "says %d ops, the iteration has %d", *l.Ops, len(it.Ops))
 			}
-			it.SeqLen, it.PeakBytes, it.WallMS, it.TimeMS = l.SeqLen, l.PeakBytes, l.WallMS, l.UninstMS
+			if p := l.PeakBytes; p != nil && (*p < 0 || *p > MaxBytes) {
+				return nil, r.errf("peak_bytes", "%d outside [0, %d]", *p, int64(MaxBytes))
+			}
+			it.SeqLen, it.WallMS, it.TimeMS = l.SeqLen, l.WallMS, l.UninstMS
+			if l.PeakBytes != nil {
+				it.PeakBytes = *l.PeakBytes
+			}
 			return it, nil
 		case "footer":
 			if it != nil {
@@ -338,13 +397,21 @@ func (r *Reader) tensor(l *rawLine) error {
 	if *l.Bytes < 0 {
 		return r.errf("bytes", "negative size %d", *l.Bytes)
 	}
+	if *l.Bytes > MaxBytes {
+		return r.errf("bytes", "size %d above the %d-byte limit", *l.Bytes, int64(MaxBytes))
+	}
+	for i, d := range l.Shape {
+		if d < 0 {
+			return r.errf("shape", "dim %d is %d", i, d)
+		}
+	}
 	kind, ok := ParseKind(l.Kind)
 	if !ok {
 		return r.errf("kind", "unknown tensor kind %q", l.Kind)
 	}
 	r.tensors[id] = &Tensor{
 		ID: id, Bytes: *l.Bytes, DType: r.intern(l.DType), Shape: append([]int64(nil), l.Shape...),
-		Kind: kind, Ptr: l.Ptr,
+		Kind: kind, Ptr: l.Ptr, Line: r.line,
 	}
 	return nil
 }
@@ -373,7 +440,7 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 	}
 	op := Op{
 		Seq: *l.Seq, Name: r.intern(l.Name), Overload: r.intern(l.Overload), Phase: phase, Module: r.intern(l.Module),
-		In: in, Out: out, Mem: -1, FLOPs: l.FLOPs, IOBytes: l.IOBytes,
+		In: in, Out: out, Mem: -1, FLOPs: l.FLOPs, IOBytes: l.IOBytes, Line: r.line,
 	}
 	if l.DurUS != nil {
 		if *l.DurUS < 0 {
@@ -384,6 +451,9 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 	if l.Mem != nil {
 		if *l.Mem < 0 {
 			return r.errf("mem", "negative %d", *l.Mem)
+		}
+		if *l.Mem > MaxBytes {
+			return r.errf("mem", "%d above the %d-byte limit", *l.Mem, int64(MaxBytes))
 		}
 		op.Mem = *l.Mem
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -45,6 +46,8 @@ func TestReadSmall(t *testing.T) {
 	assert.Equal(t, trace.PhaseForward, op0.Phase)
 	assert.Equal(t, []trace.TensorID{0, 1}, op0.In)
 	assert.Equal(t, trace.KindParam, tr.Iterations[0].Tensor(0).Kind)
+	assert.Equal(t, 2, tr.Iterations[0].Tensor(0).Line, "declared on the line after the header")
+	assert.Equal(t, 5, op0.Line)
 	// Parameters are declared once and shared by every iteration.
 	assert.Same(t, tr.Iterations[0].Tensor(0), tr.Iterations[2].Tensor(0))
 }
@@ -134,6 +137,19 @@ func TestBadInputNamesFileLineField(t *testing.T) {
 		{"phase", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"sideways","in":[0]}`}, "phase", 3},
 		{"ops count", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":[0]}`, `{"type":"iter_end","iter":0,"ops":2}`}, "ops", 4},
 		{"syntax", []string{hdr, `{"type":"op",`}, "", 2},
+		{"bytes negative", []string{hdr, `{"type":"tensor","id":0,"bytes":-1,"kind":"act"}`}, "bytes", 2},
+		{"bytes above the cap", []string{hdr, `{"type":"tensor","id":0,"bytes":9223372036854775807,"kind":"act"}`}, "bytes", 2},
+		{"bytes beyond int64", []string{hdr, `{"type":"tensor","id":0,"bytes":1e19,"kind":"act"}`}, "bytes", 2},
+		{"shape not a list", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"shape":4,"kind":"act"}`}, "shape", 2},
+		{"shape fraction", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"shape":[4.5],"kind":"act"}`}, "shape", 2},
+		{"shape negative", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"shape":[4,-1],"kind":"act"}`}, "shape", 2},
+		{"shape dims", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"shape":[` + list("1", trace.MaxShapeDims+1) + `],"kind":"act"}`}, "shape", 2},
+		{"mem negative", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","out":[0],"mem":-1}`}, "mem", 3},
+		{"mem above the cap", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","out":[0],"mem":1000000000000000000}`}, "mem", 3},
+		{"peak negative", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","out":[0]}`, `{"type":"iter_end","iter":0,"ops":1,"peak_bytes":-5}`}, "peak_bytes", 4},
+		{"in count", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":[` + list("0", trace.MaxOpTensors+1) + `]}`}, "in", 3},
+		{"out count", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","out":[` + list("0", trace.MaxOpTensors+1) + `]}`}, "out", 3},
+		{"in type", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":["0"]}`}, "in", 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,6 +163,81 @@ func TestBadInputNamesFileLineField(t *testing.T) {
 			assert.Equal(t, tt.field, pe.Field)
 		})
 	}
+}
+
+// list is n copies of v, comma-separated.
+func list(v string, n int) string { return strings.Repeat(v+",", n-1) + v }
+
+func TestListsAtTheirCaps(t *testing.T) {
+	in := `{"type":"header","format":"optrace/v1"}
+{"type":"tensor","id":0,"bytes":16,"shape":[` + list("1", trace.MaxShapeDims) + `],"kind":"act"}
+{"type":"op","iter":0,"seq":0,"name":"aten::cat","phase":"fwd","in":[` + list("0", 1000) + `],"out":[0],"mem":4398046511104}
+{"type":"iter_end","iter":0,"ops":1,"peak_bytes":4398046511104}
+{"type":"footer"}
+`
+	tr, err := trace.Read(strings.NewReader(in), "caps.jsonl")
+	require.NoError(t, err)
+	it := tr.Iterations[0]
+	assert.Len(t, it.Tensor(0).Shape, trace.MaxShapeDims)
+	assert.Len(t, it.Ops[0].In, 1000)
+	assert.Equal(t, int64(trace.MaxBytes), it.Ops[0].Mem)
+	assert.Equal(t, int64(trace.MaxBytes), it.PeakBytes)
+}
+
+// spaces is an endless line of blanks; n counts the bytes read from it.
+type spaces struct{ n int64 }
+
+func (s *spaces) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = ' '
+	}
+	s.n += int64(len(p))
+	return len(p), nil
+}
+
+// A line over MaxLineBytes fails once the cap is passed, without reading
+// (or holding) the rest of it.
+func TestLongLineFailsAtTheCap(t *testing.T) {
+	src := &spaces{}
+	hdr := strings.NewReader(`{"type":"header","format":"optrace/v1"}` + "\n")
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := trace.Read(io.MultiReader(hdr, src), "long.jsonl")
+	runtime.ReadMemStats(&after)
+	var pe *trace.ParseError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 2, pe.Line)
+	assert.Contains(t, err.Error(), "long.jsonl:2: line longer than")
+	assert.Less(t, src.n, int64(trace.MaxLineBytes+1<<17), "read past the cap")
+	// What one capped line may cost: the line buffer and its growth.
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(3*trace.MaxLineBytes))
+}
+
+// The same through gzip: a small file that inflates to an endless line.
+func TestLongGzipLineFailsAtTheCap(t *testing.T) {
+	pr, pw := io.Pipe()
+	written := make(chan int64, 1)
+	go func() {
+		zw := gzip.NewWriter(pw)
+		_, err := io.WriteString(zw, `{"type":"header","format":"optrace/v1"}`+"\n")
+		chunk := bytes.Repeat([]byte{' '}, 1<<16)
+		var n int64
+		for err == nil && n < 1<<30 {
+			_, err = zw.Write(chunk)
+			n += int64(len(chunk))
+		}
+		written <- n
+		pw.CloseWithError(io.ErrUnexpectedEOF)
+	}()
+	_, err := trace.Read(pr, "long.jsonl.gz")
+	pr.CloseWithError(io.ErrClosedPipe) // stops the writer
+	var pe *trace.ParseError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 2, pe.Line)
+	assert.Contains(t, err.Error(), "line longer than")
+	// The writer is at most a deflate block ahead of the reader.
+	assert.Less(t, <-written, int64(2*trace.MaxLineBytes), "inflated past the cap")
 }
 
 func TestReadKernels(t *testing.T) {
@@ -163,29 +254,56 @@ func TestReadKernels(t *testing.T) {
 
 // FuzzRead feeds arbitrary bytes to the reader: it must return an error or
 // a well-formed trace, never panic, and every op must reference declared
-// tensors.
+// tensors. The seeds are small on purpose: the fuzzer minimizes every input
+// that finds new coverage, and minimizing kilobytes of real trace lines
+// stalls it for most of a run.
 func FuzzRead(f *testing.F) {
-	b := plain(f)
-	lines := bytes.SplitAfter(b, []byte("\n"))
-	f.Add(bytes.Join(lines[:40], nil))
-	f.Add([]byte(`{"type":"header","format":"optrace/v1"}` + "\n" + `{"type":"footer"}` + "\n"))
-	f.Add([]byte(`{"type":"header","format":"optrace/v1"}` + "\n" +
+	const hdr = `{"type":"header","format":"optrace/v1","model":"m","amp":"bf16","seq":8}` + "\n"
+	one := hdr +
+		`{"type":"tensor","id":0,"bytes":64,"dtype":"bfloat16","shape":[4,8],"kind":"param","ptr":4096}` + "\n" +
+		`{"type":"tensor","id":1,"bytes":16,"dtype":"int64","shape":[2],"kind":"input"}` + "\n" +
+		`{"type":"tensor","id":2,"bytes":96,"dtype":"bfloat16","shape":[2,24],"kind":"act"}` + "\n" +
+		`{"type":"op","iter":0,"seq":0,"name":"aten::embedding","overload":"default","phase":"fwd","module":"model.embed","in":[0,1],"out":[2],"dur_us":12.5,"mem":96}` + "\n"
+	f.Add([]byte(hdr + `{"type":"footer"}` + "\n"))
+	f.Add([]byte(one +
+		`{"type":"iter_end","iter":0,"ops":1,"peak_bytes":96}` + "\n" + `{"type":"footer","uninstrumented_iter_ms":[1.5]}` + "\n"))
+	f.Add([]byte(hdr +
 		`{"type":"tensor","id":0,"bytes":16,"kind":"act"}` + "\n" +
 		`{"type":"op","iter":0,"seq":0,"name":"a","phase":"fwd","in":[],"out":[0],"mem":16}` + "\n" +
-		`{"type":"iter_end","iter":0,"ops":1}` + "\n" + `{"type":"footer"}` + "\n"))
+		`{"type":"op","iter":0,"seq":1,"name":"b","phase":"bwd","in":[0,0],"out":[0],"mem":16}` + "\n" +
+		`{"type":"iter_end","iter":0,"ops":2,"peak_bytes":32}` + "\n" + `{"type":"footer"}` + "\n"))
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	_, _ = io.WriteString(zw, hdr+`{"type":"footer"}`+"\n")
+	_ = zw.Close()
+	f.Add(zb.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := trace.Read(bytes.NewReader(data), "fuzz")
 		if err != nil {
+			var pe *trace.ParseError
+			if !errors.As(err, &pe) || pe.File != "fuzz" {
+				t.Fatalf("error does not name the file: %v", err)
+			}
 			return
 		}
 		for _, it := range tr.Iterations {
+			if it.PeakBytes < 0 || it.PeakBytes > trace.MaxBytes {
+				t.Fatalf("peak %d", it.PeakBytes)
+			}
 			for i, op := range it.Ops {
 				if op.Seq != i {
 					t.Fatalf("op %d has seq %d", i, op.Seq)
 				}
-				for _, id := range op.In {
-					if it.Tensor(id) == nil {
+				if op.Line < 2 || op.Mem > trace.MaxBytes || len(op.In) > trace.MaxOpTensors || len(op.Out) > trace.MaxOpTensors {
+					t.Fatalf("op %d: line %d, mem %d, %d in, %d out", i, op.Line, op.Mem, len(op.In), len(op.Out))
+				}
+				for _, id := range append(append([]trace.TensorID(nil), op.In...), op.Out...) {
+					tt := it.Tensor(id)
+					if tt == nil {
 						t.Fatalf("undeclared tensor %d", id)
+					}
+					if tt.Bytes < 0 || tt.Bytes > trace.MaxBytes || len(tt.Shape) > trace.MaxShapeDims || tt.Line < 2 || tt.Line >= op.Line {
+						t.Fatalf("tensor %d: %d bytes, %d dims, line %d (op at line %d)", id, tt.Bytes, len(tt.Shape), tt.Line, op.Line)
 					}
 				}
 			}

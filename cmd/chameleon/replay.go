@@ -49,8 +49,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--limit: %w", err)
 	}
+	limitFrom := "--limit " + *limitS
 	if !strings.HasSuffix(strings.TrimSpace(*limitS), "%") {
 		limit /= *scale // bytes of the recorded trace: scale them too
+	} else if op := replay.PeakOp(tr); op != nil && op.Mem >= 0 {
+		at := *path
+		if op.Line > 0 {
+			at = fmt.Sprintf("%s:%d", at, op.Line)
+		}
+		limitFrom = fmt.Sprintf("--limit %s of the peak of %d bytes recorded at %s, scaled 1/%d", *limitS, op.Mem, at, *scale)
 	}
 	var dev device.Device
 	peakOf := func() int64 { return -1 }
@@ -72,7 +79,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--device %q: want host or cuda", *devName)
 	}
 	defer dev.Close()
-	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, Options: []chameleon.Option{chameleon.WithDetection(*cfg)}}
+	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: []chameleon.Option{chameleon.WithDetection(*cfg)}}
 	if !*quiet {
 		rc.Progress = stderr
 	}

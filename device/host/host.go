@@ -74,10 +74,15 @@ const (
 	addrAlign = 4096
 )
 
+// maxGoAlloc is the largest slice Go makes on 64-bit platforms (2^48
+// bytes); beyond it make panics.
+const maxGoAlloc = 1 << 48
+
 // Device is the pure-Go backend. Create it with New.
 type Device struct {
 	cfg      config
 	capacity int64
+	machine  int64 // what Go can allocate here: machineBytes
 
 	mu        sync.Mutex
 	closed    bool
@@ -105,7 +110,9 @@ type allocation struct {
 var _ device.Device = (*Device)(nil)
 
 // New returns a device with capacity bytes of device memory. Its default
-// stream is device.Stream(0).
+// stream is device.Stream(0). Whatever the capacity, an allocation (device
+// or host) that would take this device past the machine's memory (physical
+// plus swap on Linux) fails with device.ErrOutOfMemory.
 func New(capacity int64, opts ...Option) (*Device, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("host: capacity %d: %w", capacity, device.ErrInvalidValue)
@@ -119,6 +126,7 @@ func New(capacity int64, opts ...Option) (*Device, error) {
 	d := &Device{
 		cfg:        cfg,
 		capacity:   capacity,
+		machine:    machineBytes(),
 		nextAddr:   addrBase,
 		hostBufs:   make(map[*byte]int64),
 		streams:    make(map[device.Stream]*stream),
@@ -158,9 +166,12 @@ func (d *Device) Alloc(size int64) (device.DevPtr, error) {
 	if size <= 0 {
 		return 0, fmt.Errorf("host: alloc %d bytes: %w", size, device.ErrInvalidValue)
 	}
-	if d.allocated+size > d.capacity {
+	if size > d.capacity-d.allocated {
 		return 0, fmt.Errorf("host: alloc %d bytes with %d of %d in use: %w",
 			size, d.allocated, d.capacity, device.ErrOutOfMemory)
+	}
+	if err := d.fitsMachine(size); err != nil {
+		return 0, fmt.Errorf("host: alloc %d bytes: %w", size, err)
 	}
 	p := device.DevPtr(d.nextAddr)
 	d.nextAddr += uintptr((size+addrAlign-1)/addrAlign*addrAlign) + addrAlign
@@ -169,6 +180,17 @@ func (d *Device) Alloc(size int64) (device.DevPtr, error) {
 	d.allocated += size
 	d.peak = max(d.peak, d.allocated)
 	return p, nil
+}
+
+// fitsMachine refuses an allocation that, with what this device already
+// holds, exceeds the machine's memory: the Go runtime would die of it
+// instead of returning an error. Called with d.mu held.
+func (d *Device) fitsMachine(size int64) error {
+	if held := d.allocated + d.hostBytes; size > d.machine-held {
+		return fmt.Errorf("more than this machine can allocate (%d bytes of memory and swap, %d held by this device): %w",
+			d.machine, held, device.ErrOutOfMemory)
+	}
+	return nil
 }
 
 // Free implements device.Device. Copies already queued keep the memory they
@@ -232,9 +254,12 @@ func (d *Device) AllocHost(size int64) (device.HostBuf, error) {
 	if size <= 0 {
 		return device.HostBuf{}, fmt.Errorf("host: alloc host %d bytes: %w", size, device.ErrInvalidValue)
 	}
-	if c := d.cfg.hostCapacity; c > 0 && d.hostBytes+size > c {
+	if c := d.cfg.hostCapacity; c > 0 && size > c-d.hostBytes {
 		return device.HostBuf{}, fmt.Errorf("host: alloc host %d bytes with %d of %d in use: %w",
 			size, d.hostBytes, c, device.ErrOutOfMemory)
+	}
+	if err := d.fitsMachine(size); err != nil {
+		return device.HostBuf{}, fmt.Errorf("host: alloc host %d bytes: %w", size, err)
 	}
 	b := make([]byte, size)
 	d.hostBufs[&b[0]] = size

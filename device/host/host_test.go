@@ -1,6 +1,8 @@
 package host_test
 
 import (
+	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -117,4 +119,48 @@ func TestPeakAndClose(t *testing.T) {
 	assert.ErrorIs(t, d.SyncStream(0), device.ErrClosed)
 	_, err = d.Query(1)
 	assert.ErrorIs(t, err, device.ErrClosed)
+}
+
+// Sizes beyond the capacity, or beyond what the machine can allocate, are
+// errors: never a panic in make, never the runtime's fatal out of memory.
+func TestSizesBeyondCapacityOrMachine(t *testing.T) {
+	const huge = 1 << 47 // 128 TiB: more than any machine running this test
+	tests := []struct {
+		name     string
+		capacity int64
+		opts     []host.Option
+		held     int64 // allocated first
+		size     int64
+		dev      bool // Alloc, else AllocHost
+		want     error
+	}{
+		{name: "device above capacity", capacity: 1 << 20, size: 1<<20 + 1, dev: true, want: device.ErrOutOfMemory},
+		{name: "device above what is left", capacity: 1 << 20, held: 1 << 19, size: 1<<19 + 1, dev: true, want: device.ErrOutOfMemory},
+		{name: "device sum overflows", capacity: math.MaxInt64, held: 16, size: math.MaxInt64, dev: true, want: device.ErrOutOfMemory},
+		{name: "device above the machine", capacity: math.MaxInt64, size: huge, dev: true, want: device.ErrOutOfMemory},
+		{name: "device above make's limit", capacity: math.MaxInt64, size: math.MaxInt64 / 2, dev: true, want: device.ErrOutOfMemory},
+		{name: "device negative", capacity: 1 << 20, size: -1, dev: true, want: device.ErrInvalidValue},
+		{name: "host above the machine", capacity: 1 << 20, size: huge, want: device.ErrOutOfMemory},
+		{name: "host sum overflows", capacity: 1 << 20, opts: []host.Option{host.WithHostCapacity(math.MaxInt64)}, size: math.MaxInt64, want: device.ErrOutOfMemory},
+		{name: "host negative", capacity: 1 << 20, size: math.MinInt64, want: device.ErrInvalidValue},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := host.New(tt.capacity, tt.opts...)
+			require.NoError(t, err)
+			defer d.Close()
+			if tt.held > 0 {
+				_, err := d.Alloc(tt.held)
+				require.NoError(t, err)
+			}
+			if tt.dev {
+				_, err = d.Alloc(tt.size)
+			} else {
+				_, err = d.AllocHost(tt.size)
+			}
+			require.ErrorIs(t, err, tt.want)
+			assert.Contains(t, err.Error(), fmt.Sprint(tt.size))
+			assert.Equal(t, tt.held, d.Allocated())
+		})
+	}
 }

@@ -38,7 +38,13 @@ var ErrMismatched = errors.New("kineto profile does not match the execution trac
 
 // decompress returns r, gunzipped when it starts with the gzip magic bytes.
 func decompress(r io.Reader, name string) (io.Reader, func() error, error) {
-	br := bufio.NewReaderSize(r, 1<<16)
+	size := 1 << 16
+	if l, ok := r.(interface{ Len() int }); ok {
+		// An in-memory input shorter than the buffer: small ones are read
+		// often (tests, fuzzing), and 64 KiB each time is most of their cost.
+		size = min(size, max(l.Len(), 16))
+	}
+	br := bufio.NewReaderSize(r, size)
 	magic, _ := br.Peek(2)
 	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // etNode is the part of one Execution Trace node the importer keeps.
@@ -85,6 +87,7 @@ const maxExtent = int64(1) << 50
 
 // readET decodes an Execution Trace one node at a time.
 func readET(r io.Reader, name string) (*etDoc, error) {
+	r = newSqueezer(r)
 	dec := json.NewDecoder(r)
 	if err := expectDelim(dec, '{', name, ""); err != nil {
 		return nil, err
@@ -401,8 +404,8 @@ func parseTensor(v, shape, strides json.RawMessage, dtype string) (tensorRef, bo
 			ext = off + span
 		}
 	}
-	if ext > maxExtent {
-		return tensorRef{}, false, fmt.Errorf("implausible extent %d elements", ext)
+	if ext > maxExtent || ext*item > trace.MaxBytes {
+		return tensorRef{}, false, fmt.Errorf("implausible extent %d elements of %d bytes", ext, item)
 	}
 	t.bytes = ext * item
 	return t, true, nil
@@ -537,7 +540,7 @@ func skipValue(dec *json.Decoder, name, field string) error {
 // stream to its end so that a gzip stream verifies its length and checksum.
 func expectEnd(dec *json.Decoder, r io.Reader, name string) error {
 	rest := io.MultiReader(dec.Buffered(), r)
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, 4<<10) // usually a newline is left, if anything
 	for {
 		n, err := rest.Read(buf)
 		if len(bytes.TrimSpace(buf[:n])) > 0 {

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // cpuOp is one Kineto CPU-side record (cat cpu_op or user_annotation).
@@ -70,6 +72,7 @@ type rawArgs struct {
 
 // readKineto decodes a Kineto (Chrome trace) JSON one event at a time.
 func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
+	r = newSqueezer(r)
 	dec := json.NewDecoder(r)
 	if err := expectDelim(dec, '{', name, ""); err != nil {
 		return nil, err
@@ -194,8 +197,8 @@ func (d *kinetoDoc) add(ev *rawEvent, file, where string) error {
 		if m.total, err = optInt("args.Total Allocated", a.Total, 0); err != nil {
 			return err
 		}
-		if m.total < 0 {
-			return bad("args.Total Allocated", fmt.Errorf("negative %d", m.total))
+		if m.total < 0 || m.total > trace.MaxBytes {
+			return bad("args.Total Allocated", fmt.Errorf("%d outside [0, %d]", m.total, int64(trace.MaxBytes)))
 		}
 		if m.bytes, err = optInt("args.Bytes", a.Bytes, 0); err != nil {
 			return err

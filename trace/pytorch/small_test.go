@@ -325,6 +325,7 @@ func TestSmallErrors(t *testing.T) {
 		{"node without id", `{"nodes": [{"name": "aten::mm"}]}`, string(k), `nodes[0]: field "id"`},
 		{"bad rf_id", `{"nodes": [{"id": 4, "name": "aten::mm", "attrs": [{"name": "rf_id", "value": "x"}]}]}`, string(k), `node 4: field "rf_id"`},
 		{"bad tensor", `{"nodes": [{"id": 4, "name": "aten::mm", "inputs": {"values": [[1, 2, 3]], "types": ["Tensor(float)"]}}]}`, string(k), `node 4: field "inputs.values[0]"`},
+		{"tensor above the size cap", `{"nodes": [{"id": 4, "name": "aten::mm", "inputs": {"values": [[1, 2, 0, 1125899906842624, 8, "cuda:0"]], "types": ["Tensor(double)"]}}]}`, string(k), `node 4: field "inputs.values[0]": implausible extent`},
 		{"duplicate id", `{"nodes": [{"id": 4, "name": "a"}, {"id": 4, "name": "b"}]}`, string(k), "duplicate"},
 		{"cycle", `{"nodes": [{"id": 4, "name": "aten::a", "ctrl_deps": 5}, {"id": 5, "name": "aten::b", "ctrl_deps": 4}]}`, string(k), "cycle"},
 		{"no aten ops", `{"nodes": [{"id": 1, "name": "x"}]}`, string(k), "no aten operators"},
@@ -334,6 +335,7 @@ func TestSmallErrors(t *testing.T) {
 		{"kineto no events", string(et), `{"schemaVersion": 1}`, `"traceEvents"`},
 		{"kineto bad ts", string(et), `{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "soon", "dur": 1}]}`, `traceEvents[0]: field "ts"`},
 		{"kineto bad memory", string(et), `{"traceEvents": [{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Total Allocated": -5}}]}`, `field "args.Total Allocated"`},
+		{"kineto memory above the cap", string(et), `{"traceEvents": [{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Total Allocated": 1000000000000000000}}]}`, `field "args.Total Allocated": 1000000000000000000 outside`},
 		{"kineto bad dur", string(et), `{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": -1}]}`, `traceEvents[0]: field "dur"`},
 		{"kineto without rf ids", string(et), `{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 1}]}`, "record-function id"},
 	}
