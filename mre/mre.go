@@ -119,6 +119,11 @@ type Input struct {
 	// each op is its own layer.
 	Groups []layer.Group
 	Limit  int64
+	// Recomputable says, per op, whether its output may be dropped and made
+	// again by running the op once more before its next use (Recomputable
+	// derives it from a trace; the Engine from the ops its host can run
+	// again). Nil: swaps only.
+	Recomputable []bool
 }
 
 // Policy is a checked swap plan.
@@ -127,6 +132,9 @@ type Policy struct {
 	MRL   []Point
 	// Swaps, ordered by Out then Tensor.
 	Swaps []simulate.Swap
+	// Recomputes, ordered by Before then Tensor: the tensors dropped and
+	// made again (Input.Recomputable).
+	Recomputes []simulate.Recompute
 	// Sim is the policy on the simulated timeline.
 	Sim *simulate.Result
 	// Curve is the curve the plan was made against.
@@ -165,7 +173,15 @@ type cand struct {
 
 // planner holds the per-iteration state shared by the rounds.
 type planner struct {
-	cfg    config
+	cfg config
+	// Recomputes chosen before the swaps: need is what they leave, simCurve
+	// the curve without them (the simulator subtracts their bytes itself),
+	// and a swap candidate may not take a tensor off the device where a
+	// recompute needs it or drops it (blocked).
+	recomputes []simulate.Recompute
+	simCurve   []int64
+	blocked    func(c Candidate) bool
+	pinned     func(id trace.TensorID) bool // a recompute reads it: no swap across the iteration boundary
 	n      int
 	curve  []int64
 	need   []int64 // curve - limit
@@ -203,11 +219,30 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 		return nil, fmt.Errorf("mre: nil memory model")
 	}
 	curve := in.ResolveCurve()
-	n := len(curve)
-	if len(in.OpTimes) != n {
-		return nil, fmt.Errorf("mre: %d op times for %d ops", len(in.OpTimes), n)
+	if len(in.OpTimes) != len(curve) {
+		return nil, fmt.Errorf("mre: %d op times for %d ops", len(in.OpTimes), len(curve))
 	}
-	p := &planner{cfg: cfg, n: n, curve: curve, times: in.OpTimes, groups: in.Groups}
+	if in.Recomputable != nil {
+		if len(in.Recomputable) != len(curve) {
+			return nil, fmt.Errorf("mre: recomputable flags for %d ops, want %d", len(in.Recomputable), len(curve))
+		}
+		return planHybrid(in, curve, cfg)
+	}
+	return planSwaps(in, curve, &planner{cfg: cfg})
+}
+
+// planSwaps is the swap planner of Plan, over the need that p's recomputes
+// leave.
+func planSwaps(in Input, curve []int64, p *planner) (*Policy, error) {
+	cfg := p.cfg
+	n := len(curve)
+	p.n, p.curve, p.times, p.groups = n, curve, in.OpTimes, in.Groups
+	if p.simCurve == nil {
+		p.simCurve = curve
+	}
+	simulateRound := func(swaps []simulate.Swap) (*simulate.Result, error) {
+		return cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Link: cfg.link})
+	}
 	p.need = make([]int64, n)
 	for t, v := range curve {
 		p.need[t] = v - in.Limit
@@ -215,20 +250,27 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 			p.nmre++
 		}
 	}
-	plan := &Policy{Limit: in.Limit, MRL: MRL(curve, in.Limit), Curve: curve}
+	plan := &Policy{Limit: in.Limit, MRL: MRL(p.simCurve, in.Limit), Curve: p.simCurve, Recomputes: p.recomputes}
 	if p.nmre == 0 {
-		sim, err := cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Link: cfg.link})
+		sim, err := simulateRound(nil)
 		if err != nil {
 			return nil, err
 		}
 		plan.Sim = sim
 		return plan, nil
 	}
-	cs := Candidates(in.Model, curve, in.Limit, cfg.minBytes)
+	candidates := func(minBytes int64) []Candidate {
+		cs := Candidates(in.Model, curve, in.Limit, minBytes)
+		if p.blocked != nil {
+			cs = slices.DeleteFunc(cs, p.blocked)
+		}
+		return cs
+	}
+	cs := candidates(cfg.minBytes)
 	var wrap []simulate.Swap
 	if err := feasible(n, p.need, cs, in.Limit); err != nil {
 		// Below the size threshold there may be enough small tensors.
-		cs = Candidates(in.Model, curve, in.Limit, 0)
+		cs = candidates(0)
 		if err := feasible(n, p.need, cs, in.Limit); err != nil {
 			// Last, what is idle across the iteration boundary (optimizer
 			// state between two steps): those swaps take the whole
@@ -261,12 +303,12 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 	var best *Policy
 	for round := 1; round <= cfg.rounds; round++ {
 		swaps := append(slices.Clone(wrap), p.selectSwaps()...)
-		sim, err := cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: swaps, Link: cfg.link})
+		sim, err := simulateRound(swaps)
 		if err != nil {
 			return nil, fmt.Errorf("mre: round %d: %w", round, err)
 		}
 		if best == nil || sim.IterationUS < best.Sim.IterationUS {
-			best = &Policy{Limit: in.Limit, MRL: plan.MRL, Curve: curve, Swaps: swaps, Sim: sim}
+			best = &Policy{Limit: in.Limit, MRL: plan.MRL, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Sim: sim}
 		}
 		best.Rounds = round
 		if sim.StallUS <= 1e-9 || !p.learn(swaps, sim) {
@@ -323,7 +365,8 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 	var cands []simulate.Swap
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if !lt.Tensor.Kind.Persistent() || len(lt.Uses) == 0 || lt.Bytes < p.cfg.minBytes || lt.Bytes == 0 {
+		if !lt.Tensor.Kind.Persistent() || len(lt.Uses) == 0 || lt.Bytes < p.cfg.minBytes || lt.Bytes == 0 ||
+			(p.pinned != nil && p.pinned(lt.Tensor.ID)) {
 			continue
 		}
 		i, j := lt.LastUse(), int(lt.Uses[0])

@@ -8,6 +8,7 @@ import (
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // Option configures Make; nil options are ignored.
@@ -37,6 +38,7 @@ type config struct {
 	tiers     []int
 	recorded  bool
 	observer  Observer
+	recompute func(it *trace.Iteration) []bool
 }
 
 func (c config) observe(s Stage) func(*Result, error) {
@@ -152,3 +154,11 @@ func WithRecordedCurve() Option { return optionFunc(func(c *config) { c.recorded
 // WithObserver sets a function told of each stage as it starts and ends
 // (default none).
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
+
+// WithRecompute lets the planner drop tensors and make them again by
+// running their producing op once more, where ok marks the op (per op of
+// the iteration) as safe to run again: mre.Recomputable for a recorded
+// trace, the ops its host can run again for the Engine. Default: swaps only.
+func WithRecompute(ok func(it *trace.Iteration) []bool) Option {
+	return optionFunc(func(c *config) { c.recompute = ok })
+}

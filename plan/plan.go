@@ -113,6 +113,14 @@ type Result struct {
 	Exec  *simulate.Result
 }
 
+// Recomputes is the policy's recomputes (none when it is nil).
+func (r *Result) Recomputes() []simulate.Recompute {
+	if r == nil || r.Policy == nil {
+		return nil
+	}
+	return r.Policy.Recomputes
+}
+
 // Swaps is the policy's swaps (none when it is nil).
 func (r *Result) Swaps() []simulate.Swap {
 	if r == nil || r.Policy == nil {
@@ -144,9 +152,18 @@ func Make(in Input, opts ...Option) (*Result, error) {
 	}
 	done := cfg.observe(StagePlan)
 	popts := append(append([]mre.Option{mre.WithSimulator(cfg.sim.Simulate)}, cfg.planOpts...), mre.WithLink(cfg.link))
+	var recomputable []bool
+	if cfg.recompute != nil {
+		if recomputable = cfg.recompute(in.Iter); len(recomputable) != len(in.Iter.Ops) {
+			err := fmt.Errorf("plan: recomputable flags for %d ops, want %d", len(recomputable), len(in.Iter.Ops))
+			done(r, err)
+			return r, err
+		}
+	}
 	for _, pct := range cfg.tiers {
 		limit := in.Limit/100*int64(pct) + in.Limit%100*int64(pct)/100 // in.Limit*pct/100 without overflow
-		r.Policy, err = cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit}, popts...)
+		r.Policy, err = cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
+			Recomputable: recomputable}, popts...)
 		if err == nil {
 			r.Planned = limit
 			break
@@ -167,7 +184,8 @@ func Make(in Input, opts ...Option) (*Result, error) {
 	done(r, nil)
 	done = cfg.observe(StageSimulate)
 	r.Issue = simulate.Issue(r.Policy.Swaps, r.Policy.Sim)
-	r.Exec, err = cfg.sim.Simulate(simulate.Input{OpTimes: r.OpTimes, Curve: r.Curve, Swaps: r.Policy.Swaps, Link: cfg.link, Issue: r.Issue})
+	r.Exec, err = cfg.sim.Simulate(simulate.Input{OpTimes: r.OpTimes, Curve: r.Curve, Swaps: r.Policy.Swaps,
+		Recomputes: r.Policy.Recomputes, Link: cfg.link, Issue: r.Issue})
 	if err != nil {
 		err = fmt.Errorf("plan: simulate the executor's order: %w", err)
 	}

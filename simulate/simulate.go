@@ -121,6 +121,75 @@ func (s Swap) Validate(nops int) error {
 	return nil
 }
 
+// Recompute is a tensor dropped after op Drop, its last use before an idle
+// gap, and made again by running its producer, op Op, on the compute stream
+// just before op Before, its next use. Its memory counts as free over
+// [Drop+1, Before). Kept lists the producer's inputs that would be freed
+// before Before and are held for the recompute instead. The JSON names
+// match the plan report of cmd/chameleon.
+type Recompute struct {
+	Tensor trace.TensorID `json:"tensor"`
+	Bytes  int64          `json:"bytes"`
+	Op     int            `json:"op"`
+	Drop   int            `json:"dropped_after_op"`
+	Before int            `json:"before_op"`
+	Kept   []Kept         `json:"kept_inputs,omitempty"`
+}
+
+// Kept is an input held past its release for a recompute: its memory counts
+// from op From, where it would have been freed, to the recompute. Inputs
+// kept for several recomputes count once, to the last of them.
+type Kept struct {
+	Tensor trace.TensorID `json:"tensor"`
+	Bytes  int64          `json:"bytes"`
+	From   int            `json:"from_op"`
+}
+
+// Validate checks Op <= Drop, Drop+1 < Before < nops, and that kept inputs
+// are held from before the recompute.
+func (r Recompute) Validate(nops int) error {
+	if r.Bytes < 0 || r.Op < 0 || r.Op > r.Drop || r.Drop+1 >= r.Before || r.Before >= nops {
+		return fmt.Errorf("tensor %d: recompute of op %d dropped after %d before %d breaks 0 <= op <= drop < drop+1 < before < %d: %w",
+			r.Tensor, r.Op, r.Drop, r.Before, nops, ErrInvalid)
+	}
+	for _, k := range r.Kept {
+		if k.Bytes < 0 || k.From <= r.Op || k.From > r.Before {
+			return fmt.Errorf("tensor %d: input %d kept from op %d: want %d < from <= %d: %w", r.Tensor, k.Tensor, k.From, r.Op, r.Before, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// HeldSpan is the memory an input kept for recomputes holds beyond its
+// release: Bytes over the ops [From, To).
+type HeldSpan struct {
+	Tensor   trace.TensorID
+	Bytes    int64
+	From, To int
+}
+
+// Held merges the kept inputs of rcs: one span per input, from where it
+// would be freed to the last recompute that reads it, in order of tensor.
+func Held(rcs []Recompute) []HeldSpan {
+	byID := map[trace.TensorID]*HeldSpan{}
+	var out []HeldSpan
+	for _, r := range rcs {
+		for _, k := range r.Kept {
+			h := byID[k.Tensor]
+			if h == nil {
+				h = &HeldSpan{Tensor: k.Tensor, Bytes: k.Bytes, From: k.From, To: r.Before}
+				byID[k.Tensor] = h
+			}
+			h.From, h.To = min(h.From, k.From), max(h.To, r.Before)
+		}
+	}
+	for _, h := range byID {
+		out = append(out, *h)
+	}
+	slices.SortFunc(out, func(a, b HeldSpan) int { return cmp.Compare(a.Tensor, b.Tensor) })
+	return out
+}
+
 // Input is what Run needs.
 type Input struct {
 	// OpTimes is each op's compute time in microseconds.
@@ -129,7 +198,10 @@ type Input struct {
 	// leaves memory out of the result.
 	Curve []int64
 	Swaps []Swap
-	Link  Link
+	// Recomputes run on the compute stream before the op that needs them:
+	// they delay it and everything after it, and free memory as they say.
+	Recomputes []Recompute
+	Link       Link
 	// Issue, when set, is how an executor with in-order copy streams
 	// issues the copies (see IssuePlan); each engine then runs them in
 	// issue order. Nil: copies are issued at Out and In, and each engine
@@ -216,9 +288,12 @@ type Result struct {
 	// Freed is, per swap, the op from which its memory counted as free
 	// (Free itself unless it was dynamic).
 	Freed []int
-	// BaseUS is the sum of op times, IterationUS the simulated end.
+	// BaseUS is the sum of op times, IterationUS the simulated end, which
+	// includes RecomputeUS, the time the recomputes took on the compute
+	// stream, and StallUS, the time ops waited for copies.
 	BaseUS, IterationUS float64
 	StallUS             float64
+	RecomputeUS         float64
 	// Peak is the largest Mem, PeakOp where.
 	Peak   int64
 	PeakOp int
@@ -278,6 +353,13 @@ func Run(in Input) (*Result, error) {
 		if err := s.Validate(n); err != nil {
 			return nil, fmt.Errorf("simulate: %w", err)
 		}
+	}
+	recAt := make([][]int, n)
+	for k, rc := range in.Recomputes {
+		if err := rc.Validate(n); err != nil {
+			return nil, fmt.Errorf("simulate: %w", err)
+		}
+		recAt[rc.Before] = append(recAt[rc.Before], k)
 	}
 	r := &Result{
 		Ops:   make([]OpStat, n),
@@ -450,6 +532,13 @@ func Run(in Input) (*Result, error) {
 			r.In[k].Issue = now
 			h2d.queue = append(h2d.queue, k)
 		}
+		// Recomputes for this op run first, on the compute stream, while
+		// the copies go on.
+		for _, k := range recAt[t] {
+			d := in.OpTimes[in.Recomputes[k].Op]
+			advance(now + d)
+			r.RecomputeUS += d
+		}
 		ready := now
 		// Wait for the copies this op depends on.
 		for _, k := range waitFree[t] {
@@ -507,6 +596,14 @@ func Run(in Input) (*Result, error) {
 		r.Freed[k] = f
 		delta[f] -= s.Bytes
 		delta[s.In] += s.Bytes
+	}
+	for _, rc := range in.Recomputes {
+		delta[rc.Drop+1] -= rc.Bytes
+		delta[rc.Before] += rc.Bytes
+	}
+	for _, h := range Held(in.Recomputes) {
+		delta[h.From] += h.Bytes
+		delta[h.To] -= h.Bytes
 	}
 	if in.Curve != nil {
 		var cur int64

@@ -230,3 +230,30 @@ func TestIssuePlanReproducesSchedule(t *testing.T) {
 	assert.InDelta(t, edf.IterationUS, planned.IterationUS, 1e-6, "issued as simulated")
 	assert.Greater(t, fifo.IterationUS, edf.IterationUS+500, "issued at Out: A's copy delays B's")
 }
+
+// TestRecompute: a recompute runs its producer's time on the compute stream
+// before the op that needs it, and frees its bytes from the op after its
+// drop to that op.
+func TestRecompute(t *testing.T) {
+	in := Input{OpTimes: []float64{10, 20, 10, 10, 10}, Curve: []int64{100, 200, 200, 200, 100}, Link: H200(),
+		Recomputes: []Recompute{{Tensor: 1, Bytes: 50, Op: 1, Drop: 1, Before: 4}}}
+	r, err := Run(in)
+	require.NoError(t, err)
+	assert.Equal(t, 60.0, r.BaseUS)
+	assert.Equal(t, 80.0, r.IterationUS)
+	assert.Equal(t, 20.0, r.RecomputeUS)
+	assert.Equal(t, 50.0, r.Ops[3].End)
+	assert.Equal(t, 70.0, r.Ops[4].Start, "op 4 waits for the recompute")
+	got := []int64{}
+	for _, o := range r.Ops {
+		got = append(got, o.Mem)
+	}
+	assert.Equal(t, []int64{100, 200, 150, 150, 100}, got)
+	assert.InDelta(t, 33.33, r.OverheadPct(), 0.01)
+
+	for _, bad := range []Recompute{{Op: 2, Drop: 1, Before: 4}, {Op: 1, Drop: 2, Before: 3}, {Op: 1, Drop: 1, Before: 5}, {Bytes: -1, Op: 0, Drop: 0, Before: 2}} {
+		in.Recomputes = []Recompute{bad}
+		_, err := Run(in)
+		assert.ErrorIs(t, err, ErrInvalid, "%+v", bad)
+	}
+}

@@ -59,6 +59,7 @@ type planConfig struct {
 	margin    float64
 	curve     string // recorded or model
 	tiers     []int  // percent of the limit; nil: the planning path's
+	recompute bool   // drop and recompute what mre.Recomputable allows
 }
 
 // planOptions are cfg's settings of the planning path; what a field leaves
@@ -87,6 +88,9 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 	}
 	if cfg.tiers != nil {
 		opts = append(opts, plan.WithTiers(cfg.tiers...))
+	}
+	if cfg.recompute {
+		opts = append(opts, plan.WithRecompute(mre.Recomputable))
 	}
 	if cfg.bandwidth > 0 {
 		opts = append(opts, plan.WithLink(simulate.H200().Scaled(cfg.bandwidth)))
@@ -131,7 +135,12 @@ type planReport struct {
 	UtilD2H                 float64         `json:"link_util_d2h"`
 	UtilH2D                 float64         `json:"link_util_h2d"`
 	Swaps                   []simulate.Swap `json:"swaps"`
-	Baselines               struct {
+	// Recomputes (with --recompute) name ops by their trace seq numbers;
+	// overhead_pct includes their time.
+	Recomputes      []simulate.Recompute `json:"recomputes"`
+	BytesRecomputed int64                `json:"bytes_recomputed"`
+	RecomputeMS     float64              `json:"recompute_ms"`
+	Baselines       struct {
 		SwapAll baseline `json:"swap_all"`
 	} `json:"baselines"`
 
@@ -166,6 +175,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	minBytes := fs.String("min-bytes", "1MiB", "smallest candidate tensor")
 	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use")
 	margin := fs.Float64("margin", 0, "safety margin on copy times (0.15 for Ascend-like devices)")
+	recompute := fs.Bool("recompute", false, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
 	asJSON := fs.Bool("json", false, "print one JSON object; an infeasible limit prints feasible:false with the shortfall and exits 0")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit and the swap spans (`file`.svg or .png)")
@@ -208,7 +218,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		tierList = append(tierList, v)
 	}
 	cfg := planConfig{iter: *iter, limit: *limit, bandwidth: rate, estimator: e, groups: *groups, grouping: *grouping,
-		minBytes: mb, prefetch: *prefetch, margin: *margin, curve: *curve, tiers: tierList}
+		minBytes: mb, prefetch: *prefetch, margin: *margin, curve: *curve, tiers: tierList, recompute: *recompute}
 	if opts, err := cfg.planOptions(); err != nil {
 		return err
 	} else if err := plan.Validate(opts...); err != nil {
@@ -340,7 +350,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 			rep.Shortfall = &shortfall{Op: it.Ops[ie.Op].Seq, Bytes: ie.Shortfall}
 			rep.PeakBytesAfter = peak
 			rep.IterationMSSim = rep.IterationMSBase
-			rep.Swaps = []simulate.Swap{}
+			rep.Swaps, rep.Recomputes = []simulate.Swap{}, []simulate.Recompute{}
 		}
 		return rep, fmt.Errorf("iteration %d: %w", k, err)
 	}
@@ -367,6 +377,13 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		s.Out, s.Free, s.In, s.Use = seqOf(s.Out), seqOf(s.Free), seqOf(s.In), seqOf(s.Use)
 		rep.Swaps[x] = s
 	}
+	rep.Recomputes = make([]simulate.Recompute, len(pol.Recomputes))
+	for x, rc := range pol.Recomputes {
+		rep.BytesRecomputed += rc.Bytes
+		rc.Op, rc.Drop, rc.Before = seqOf(rc.Op), seqOf(rc.Drop), seqOf(rc.Before)
+		rep.Recomputes[x] = rc
+	}
+	rep.RecomputeMS = pol.Sim.RecomputeUS / 1000
 	return rep, nil
 }
 
@@ -381,6 +398,9 @@ func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "peak after %s, %d swaps, %s out, %s in\n", fmtBytes(r.PeakBytesAfter), len(r.Swaps), fmtBytes(r.BytesOut), fmtBytes(r.BytesIn))
 	fmt.Fprintf(w, "iteration %.2f ms -> %.2f ms simulated: overhead %.2f%% (bound %.2f%% at the limit, %.2f%% at the planned tier)\n",
 		r.IterationMSBase, r.IterationMSSim, r.OverheadPct, r.OverheadPctBound, r.OverheadPctBoundPlanned)
+	if len(r.Recomputes) > 0 {
+		fmt.Fprintf(w, "%d recomputes: %s dropped and made again, %.2f ms of compute\n", len(r.Recomputes), fmtBytes(r.BytesRecomputed), r.RecomputeMS)
+	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
 	sa := r.Baselines.SwapAll
 	fmt.Fprintf(w, "swap-all (save_on_cpu): peak %s, %.2f ms, overhead %.1f%%\n", fmtBytes(sa.PeakBytes), sa.IterationMS, sa.OverheadPct)

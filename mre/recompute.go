@@ -1,0 +1,453 @@
+package mre
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Recomputable marks the ops of a recorded iteration whose outputs may be
+// dropped and made again by running the op once more: ops whose outputs
+// depend only on their inputs. Left out are ops that draw random numbers
+// (dropout, rand*, bernoulli, normal, uniform, multinomial, ...), whose
+// output is undefined (empty*), that write into an input, a view of one or
+// a persistent tensor (an output id that is also an input, an in-place
+// name ending in "_", an "out" overload), collectives, and ops with no
+// output. A recomputed op runs with the RNG state of the moment, so only
+// ops that draw no random numbers qualify.
+func Recomputable(it *trace.Iteration) []bool {
+	out := make([]bool, len(it.Ops))
+	for i := range it.Ops {
+		out[i] = recomputable(it, &it.Ops[i])
+	}
+	return out
+}
+
+var nonDeterministic = []string{"dropout", "rand", "bernoulli", "normal", "uniform", "multinomial", "poisson",
+	"exponential", "geometric", "cauchy", "empty", "set_", "resize", "c10d", "nccl", "all_reduce", "all_gather",
+	"reduce_scatter", "broadcast_", "local_scalar", "item"}
+
+func recomputable(it *trace.Iteration, op *trace.Op) bool {
+	if len(op.Out) == 0 || strings.HasSuffix(op.Name, "_") || op.Overload == "out" || strings.HasPrefix(op.Overload, "out_") {
+		return false
+	}
+	name := strings.ToLower(op.Name)
+	for _, w := range nonDeterministic {
+		if strings.Contains(name, w) {
+			return false
+		}
+	}
+	for _, o := range op.Out {
+		if t := it.Tensors[o]; t == nil || t.Kind != trace.KindActivation || slices.Contains(op.In, o) {
+			return false
+		}
+	}
+	return true
+}
+
+// rcand is a recompute candidate: an activation over one idle gap, made
+// again by its producer, whose inputs all stay on the device, unchanged,
+// until the recompute.
+type rcand struct {
+	simulate.Recompute
+	cost   float64          // the producer's time, µs
+	inputs []trace.TensorID // the producer's inputs: resident at Before
+	net    int64            // bytes saved less the inputs held for it
+	next   int              // the tensor's next use: Before unless a reader came first
+}
+
+// recomputeCandidates lists the gaps of activations of at least minBytes,
+// over at least one op after which the curve is over limit, whose producer
+// is recomputable, writes that one output, and reads inputs that stay on
+// the device and unwritten from the producer to the recompute. A dropped
+// input would have to be recomputed or brought back first: such chains are
+// not planned.
+func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, ok []bool, times []float64) []rcand {
+	it := m.Iter
+	n := len(curve)
+	over := make([]int32, n+1)
+	for t, v := range curve {
+		over[t+1] = over[t]
+		if v > limit {
+			over[t+1]++
+		}
+	}
+	// writes lists, per storage, the ops that write it: those that list it
+	// as an output, views aside (a view's output is its input's storage,
+	// unchanged).
+	writes := map[trace.TensorID][]int32{}
+	for i := range it.Ops {
+		if len(it.Ops[i].Out) == 0 || layer.Classify(it, &it.Ops[i]) == layer.KindView {
+			continue
+		}
+		for _, o := range it.Ops[i].Out {
+			writes[o] = append(writes[o], int32(i))
+		}
+	}
+	// unwritten reports whether no op in (from, to) writes id.
+	unwritten := func(id trace.TensorID, from, to int) bool {
+		for _, w := range writes[id] {
+			if int(w) > from && int(w) < to {
+				return false
+			}
+		}
+		return true
+	}
+	var out []rcand
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if lt.Tensor.Kind != trace.KindActivation || !lt.ProducedHere() || lt.Bytes < max(minBytes, 1) {
+			continue
+		}
+		p := lt.Alloc
+		op := &it.Ops[p]
+		if !ok[p] || len(op.Out) != 1 {
+			continue
+		}
+		var inputs []trace.TensorID
+		for _, id := range op.In {
+			if !slices.Contains(inputs, id) {
+				inputs = append(inputs, id)
+			}
+		}
+		for u := 1; u < len(lt.Uses); u++ {
+			i, j := int(lt.Uses[u-1]), int(lt.Uses[u])
+			if j-i < 2 || j >= n || over[j]-over[i+1] == 0 || !unwritten(lt.Tensor.ID, p, i+1) {
+				continue
+			}
+			resident := true
+			var kept []simulate.Kept
+			var keptB int64
+			for _, id := range inputs {
+				in := m.Lifetime(id)
+				if in == nil || !unwritten(id, p, j) {
+					resident = false
+					break
+				}
+				if in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j) {
+					continue // on the device at j anyway
+				}
+				// Freed before the recompute: hold it until then.
+				kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
+				keptB += in.Bytes
+			}
+			if !resident || keptB >= lt.Bytes {
+				continue
+			}
+			out = append(out, rcand{
+				Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept},
+				cost:      times[p], inputs: inputs, net: lt.Bytes - keptB, next: j,
+			})
+		}
+	}
+	// Cheapest per byte first.
+	slices.SortStableFunc(out, func(a, b rcand) int {
+		return cmp.Compare(a.cost/float64(a.net), b.cost/float64(b.net))
+	})
+	return out
+}
+
+// pickRecomputes selects, cheapest per byte first, the recomputes that
+// relieve points still over the limit until their time reaches budget µs or
+// no point is left, then drops those the others make redundant (dearest
+// first).
+//
+// Recomputes chain: when a chosen recompute reads a tensor that is itself
+// dropped at that time, the tensor is recomputed first, at the same op,
+// so its own drop ends there (its recompute moves earlier, and so on down
+// the chain); a tensor read by a chosen recompute is dropped only up to
+// that read. A recompute is taken only if, with its chain, it relieves a
+// point over the limit and pushes none over it.
+func pickRecomputes(rcs []rcand, need []int64, budget float64) []rcand {
+	ps := &picker{rem: slices.Clone(need), readers: map[trace.TensorID][]int{}, held: map[trace.TensorID]int{},
+		dropped: map[trace.TensorID][]int{}, delta: map[int]int64{}}
+	var spent float64
+	for _, c := range rcs {
+		if spent+c.cost > budget {
+			continue
+		}
+		if ps.try(c) {
+			spent += c.cost
+			if !slices.ContainsFunc(ps.rem, func(v int64) bool { return v > 0 }) {
+				break
+			}
+		}
+	}
+	return ps.prune(need)
+}
+
+// picker is pickRecomputes' state.
+type picker struct {
+	rem     []int64
+	chosen  []rcand
+	dropped map[trace.TensorID][]int // chosen indices, per tensor
+	readers map[trace.TensorID][]int // ops before which a chosen recompute reads the tensor
+	held    map[trace.TensorID]int   // kept inputs: held up to this op
+	delta   map[int]int64            // scratch: a trial's change to rem
+	moves   []move                   // scratch: a trial's recomputes moved earlier
+}
+
+// move is a chosen recompute, x, made earlier: before op to.
+type move struct{ x, to int }
+
+// try takes c if it pays, with what its chain changes.
+func (ps *picker) try(c rcand) bool {
+	// Dropped only up to its first reader.
+	for _, t := range ps.readers[c.Tensor] {
+		if t > c.Drop && t < c.Before {
+			c.Before = t
+		}
+	}
+	if c.Before <= c.Drop+1 {
+		return false
+	}
+	c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
+	clear(ps.delta)
+	ps.moves = ps.moves[:0]
+	for t := c.Drop + 1; t < c.Before; t++ {
+		ps.delta[t] -= c.Bytes
+	}
+	for _, k := range c.Kept {
+		for t := max(k.From, ps.held[k.Tensor]); t < c.Before; t++ {
+			ps.delta[t] += k.Bytes
+		}
+	}
+	ps.chain(c.inputs, c.Before)
+	if ps.strands() {
+		return false
+	}
+	gain, worse := int64(0), false
+	for t, d := range ps.delta {
+		before, after := max(ps.rem[t], 0), max(ps.rem[t]+d, 0)
+		gain += before - after
+		worse = worse || (after > 0 && before == 0)
+	}
+	if gain <= 0 || worse {
+		return false
+	}
+	for t, d := range ps.delta {
+		ps.rem[t] += d
+	}
+	for _, m := range ps.moves {
+		d := &ps.chosen[m.x]
+		d.Before = m.to
+		d.Kept = slices.DeleteFunc(d.Kept, func(k simulate.Kept) bool { return k.From >= m.to })
+		for _, id := range d.inputs {
+			ps.readers[id] = append(ps.readers[id], m.to)
+		}
+	}
+	x := len(ps.chosen)
+	ps.chosen = append(ps.chosen, c)
+	ps.dropped[c.Tensor] = append(ps.dropped[c.Tensor], x)
+	for _, id := range c.inputs {
+		ps.readers[id] = append(ps.readers[id], c.Before)
+	}
+	for _, k := range c.Kept {
+		ps.held[k.Tensor] = max(ps.held[k.Tensor], c.Before, k.From)
+	}
+	return true
+}
+
+// strands reports whether the trial's moves leave a chosen recompute that
+// only ran for a reader now moved away: one that the move's reader read
+// before its old op, which nothing else reads there and which is not
+// moved along.
+func (ps *picker) strands() bool {
+	moved := func(x int) bool { return slices.ContainsFunc(ps.moves, func(m move) bool { return m.x == x }) }
+	for _, m := range ps.moves {
+		old := ps.chosen[m.x].Before
+		for _, id := range ps.chosen[m.x].inputs {
+			for _, y := range ps.dropped[id] {
+				if ps.chosen[y].Before != old || moved(y) {
+					continue
+				}
+				read := false
+				for z := range ps.chosen {
+					if z != m.x && !moved(z) && ps.chosen[z].Before == old && slices.Contains(ps.chosen[z].inputs, id) {
+						read = true
+					}
+				}
+				if !read && !ps.natural(y) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// feeds reports whether chosen[x] reads a recompute made only for it.
+func (ps *picker) feeds(x int) bool {
+	c := ps.chosen[x]
+	for _, id := range c.inputs {
+		for _, y := range ps.dropped[id] {
+			if ps.chosen[y].Before == c.Before && !ps.natural(y) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// natural reports whether chosen[x] is made again for its own next use,
+// not for a reader.
+func (ps *picker) natural(x int) bool { return ps.chosen[x].Before == ps.chosen[x].next }
+
+// chain moves the recompute of any of inputs dropped at op t to t, and so
+// on for theirs, recording the moves and their change to the need.
+func (ps *picker) chain(inputs []trace.TensorID, t int) {
+	for _, id := range inputs {
+		for _, x := range ps.dropped[id] {
+			d := ps.chosen[x]
+			for _, m := range ps.moves {
+				if m.x == x {
+					d.Before = min(d.Before, m.to)
+				}
+			}
+			if t <= d.Drop || t >= d.Before {
+				continue
+			}
+			for u := t; u < d.Before; u++ {
+				ps.delta[u] += d.Bytes // on the device again from t
+			}
+			ps.moves = append(ps.moves, move{x, t})
+			ps.chain(d.inputs, t)
+		}
+	}
+}
+
+// prune drops chosen recomputes the others make redundant, dearest first
+// (rem < 0 is slack). Those that hold inputs or are read by another stay:
+// others depend on them.
+func (ps *picker) prune(need []int64) []rcand {
+	order := make([]int, len(ps.chosen))
+	for x := range order {
+		order[x] = x
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(ps.chosen[b].cost, ps.chosen[a].cost) })
+	keep := make([]bool, len(ps.chosen))
+	for x := range keep {
+		keep[x] = true
+	}
+	for _, x := range order {
+		c := ps.chosen[x]
+		if len(c.Kept) > 0 || slices.ContainsFunc(ps.readers[c.Tensor], func(t int) bool { return t > c.Drop && t <= c.Before }) ||
+			ps.feeds(x) {
+			continue
+		}
+		redundant := true
+		for t := c.Drop + 1; t < c.Before && redundant; t++ {
+			redundant = need[t] <= 0 || ps.rem[t]+c.Bytes <= 0
+		}
+		if redundant {
+			keep[x] = false
+			for t := c.Drop + 1; t < c.Before; t++ {
+				ps.rem[t] += c.Bytes
+			}
+		}
+	}
+	var out []rcand
+	for x, c := range ps.chosen {
+		if keep[x] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// recomputeBudgets are the recompute times tried, as shares of the
+// iteration's compute time; the last takes every useful recompute.
+var recomputeBudgets = []float64{0, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1e9}
+
+// planHybrid plans swaps and recomputes together. For each recompute
+// budget (from none, the swap-only plan, to every useful recompute) it
+// picks the recomputes that are cheapest per byte, plans swaps for the need
+// they leave with the swap planner, whose rounds simulate both, and keeps
+// the fastest policy on the simulated timeline. Recompute costs compute
+// time and nothing on the link; swapping costs link time and nothing on
+// the compute stream while it hides; the search finds where the link stops
+// hiding.
+func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
+	n := len(curve)
+	need := make([]int64, n)
+	for t, v := range curve {
+		need[t] = v - in.Limit
+	}
+	rcs := recomputeCandidates(in.Model, curve, in.Limit, cfg.minBytes, in.Recomputable, in.OpTimes)
+	var base float64
+	for _, d := range in.OpTimes {
+		base += d
+	}
+	var best *Policy
+	var bestErr error
+	prev := -1
+	for _, share := range recomputeBudgets {
+		picked := pickRecomputes(rcs, need, share*base)
+		if len(picked) == prev {
+			continue // the same set as the budget before
+		}
+		prev = len(picked)
+		pol, err := planWith(in, curve, cfg, picked)
+		if err != nil {
+			if !errors.Is(err, ErrInfeasible) {
+				return nil, err
+			}
+			bestErr = err
+			continue
+		}
+		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
+			best = pol
+		}
+	}
+	if best == nil {
+		return nil, bestErr
+	}
+	return best, nil
+}
+
+// planWith plans swaps for what the recomputes rcs leave over the limit.
+func planWith(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error) {
+	p := &planner{cfg: cfg, simCurve: curve}
+	if len(rcs) == 0 {
+		return planSwaps(in, curve, p)
+	}
+	left := slices.Clone(curve)
+	type key struct {
+		id  trace.TensorID
+		out int
+	}
+	gone := map[key]bool{}               // a dropped tensor's gap: not swapped too
+	pinned := map[trace.TensorID][]int{} // a recompute's inputs: on the device at its time
+	for _, c := range rcs {
+		p.recomputes = append(p.recomputes, c.Recompute)
+	}
+	for _, h := range simulate.Held(p.recomputes) {
+		for t := h.From; t < h.To; t++ {
+			left[t] += h.Bytes
+		}
+	}
+	for _, c := range rcs {
+		for t := c.Drop + 1; t < c.Before; t++ {
+			left[t] -= c.Bytes
+		}
+		gone[key{c.Tensor, c.Drop}] = true
+		for _, id := range c.inputs {
+			pinned[id] = append(pinned[id], c.Before)
+		}
+	}
+	// A chain runs in producer order before the op that needs it.
+	slices.SortFunc(p.recomputes, func(a, b simulate.Recompute) int {
+		return cmp.Or(cmp.Compare(a.Before, b.Before), cmp.Compare(a.Op, b.Op), cmp.Compare(a.Tensor, b.Tensor))
+	})
+	p.pinned = func(id trace.TensorID) bool { return len(pinned[id]) > 0 }
+	p.blocked = func(c Candidate) bool {
+		return gone[key{c.Tensor, c.Out}] || slices.ContainsFunc(pinned[c.Tensor], func(t int) bool { return t > c.Out && t < c.Use })
+	}
+	return planSwaps(in, left, p)
+}
