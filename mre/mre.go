@@ -182,18 +182,18 @@ type planner struct {
 	simCurve   []int64
 	blocked    func(c Candidate) bool
 	pinned     func(id trace.TensorID) bool // a recompute reads it: no swap across the iteration boundary
-	n      int
-	curve  []int64
-	need   []int64 // curve - limit
-	times  []float64
-	start  []float64 // op start on the stall-free timeline
-	groups []layer.Group
-	gOf    []int
-	cands  []cand
-	rem    []int64 // need left after the current selection
-	unsat  []int32 // prefix count of rem > 0
-	nmre   int
-	maxB   int64
+	n          int
+	curve      []int64
+	need       []int64 // curve - limit
+	times      []float64
+	start      []float64 // op start on the stall-free timeline
+	groups     []layer.Group
+	gOf        []int
+	cands      []cand
+	rem        []int64 // need left after the current selection
+	unsat      []int32 // prefix count of rem > 0
+	nmre       int
+	maxB       int64
 }
 
 // Plan selects swaps that keep the curve under in.Limit (see package doc),
