@@ -65,3 +65,20 @@ func benchPlan(b *testing.B, in Input) {
 func BenchmarkPlanSimulateLlama16(b *testing.B) {
 	benchPlan(b, benchInput(b, "llama16-bf16.jsonl.gz", 0.70))
 }
+
+// BenchmarkPlanRecompute plans swaps and recomputes together on the
+// 5687-op llama16-bf16-ckpt iteration at 80% of its peak and on llama16-bf16
+// at 45% (target: under 100 ms on one core).
+func BenchmarkPlanRecompute(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		file string
+		pct  float64
+	}{{"ckpt-80pct", "llama16-bf16-ckpt.jsonl.gz", 0.80}, {"llama16-45pct", "llama16-bf16.jsonl.gz", 0.45}} {
+		b.Run(c.name, func(b *testing.B) {
+			in := benchInput(b, c.file, c.pct)
+			in.Recomputable = Recomputable(in.Model.Iter)
+			benchPlan(b, in)
+		})
+	}
+}

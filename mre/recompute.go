@@ -166,7 +166,7 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 // point over the limit and pushes none over it.
 func pickRecomputes(rcs []rcand, need []int64, budget float64) []rcand {
 	ps := &picker{rem: slices.Clone(need), readers: map[trace.TensorID][]int{}, held: map[trace.TensorID]int{},
-		dropped: map[trace.TensorID][]int{}, delta: map[int]int64{}}
+		dropped: map[trace.TensorID][]int{}, delta: make([]int64, len(need)), mark: make([]int32, len(need))}
 	var spent float64
 	for _, c := range rcs {
 		if spent+c.cost > budget {
@@ -189,7 +189,10 @@ type picker struct {
 	dropped map[trace.TensorID][]int // chosen indices, per tensor
 	readers map[trace.TensorID][]int // ops before which a chosen recompute reads the tensor
 	held    map[trace.TensorID]int   // kept inputs: held up to this op
-	delta   map[int]int64            // scratch: a trial's change to rem
+	delta   []int64                  // scratch: a trial's change to rem, per op
+	touched []int                    // scratch: the ops delta changes
+	mark    []int32                  // scratch: the trial that last touched each op
+	trial   int32
 	moves   []move                   // scratch: a trial's recomputes moved earlier
 }
 
@@ -208,22 +211,20 @@ func (ps *picker) try(c rcand) bool {
 		return false
 	}
 	c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
-	clear(ps.delta)
+	ps.trial++
+	ps.touched = ps.touched[:0]
 	ps.moves = ps.moves[:0]
-	for t := c.Drop + 1; t < c.Before; t++ {
-		ps.delta[t] -= c.Bytes
-	}
+	ps.add(c.Drop+1, c.Before, -c.Bytes)
 	for _, k := range c.Kept {
-		for t := max(k.From, ps.held[k.Tensor]); t < c.Before; t++ {
-			ps.delta[t] += k.Bytes
-		}
+		ps.add(max(k.From, ps.held[k.Tensor]), c.Before, k.Bytes)
 	}
 	ps.chain(c.inputs, c.Before)
 	if ps.strands() {
 		return false
 	}
 	gain, worse := int64(0), false
-	for t, d := range ps.delta {
+	for _, t := range ps.touched {
+		d := ps.delta[t]
 		before, after := max(ps.rem[t], 0), max(ps.rem[t]+d, 0)
 		gain += before - after
 		worse = worse || (after > 0 && before == 0)
@@ -231,8 +232,8 @@ func (ps *picker) try(c rcand) bool {
 	if gain <= 0 || worse {
 		return false
 	}
-	for t, d := range ps.delta {
-		ps.rem[t] += d
+	for _, t := range ps.touched {
+		ps.rem[t] += ps.delta[t]
 	}
 	for _, m := range ps.moves {
 		d := &ps.chosen[m.x]
@@ -252,6 +253,17 @@ func (ps *picker) try(c rcand) bool {
 		ps.held[k.Tensor] = max(ps.held[k.Tensor], c.Before, k.From)
 	}
 	return true
+}
+
+// add changes the trial's delta by b over the ops [lo, hi).
+func (ps *picker) add(lo, hi int, b int64) {
+	for t := lo; t < hi; t++ {
+		if ps.mark[t] != ps.trial {
+			ps.mark[t], ps.delta[t] = ps.trial, 0
+			ps.touched = append(ps.touched, t)
+		}
+		ps.delta[t] += b
+	}
 }
 
 // strands reports whether the trial's moves leave a chosen recompute that
@@ -313,9 +325,7 @@ func (ps *picker) chain(inputs []trace.TensorID, t int) {
 			if t <= d.Drop || t >= d.Before {
 				continue
 			}
-			for u := t; u < d.Before; u++ {
-				ps.delta[u] += d.Bytes // on the device again from t
-			}
+			ps.add(t, d.Before, d.Bytes) // on the device again from t
 			ps.moves = append(ps.moves, move{x, t})
 			ps.chain(d.inputs, t)
 		}
@@ -386,8 +396,11 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	}
 	var best *Policy
 	var bestErr error
-	prev := -1
+	prev, worse := -1, 0
 	for _, share := range recomputeBudgets {
+		if worse == 2 {
+			break // past the best: more recompute only adds compute time
+		}
 		picked := pickRecomputes(rcs, need, share*base)
 		if len(picked) == prev {
 			continue // the same set as the budget before
@@ -402,7 +415,9 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			continue
 		}
 		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
-			best = pol
+			best, worse = pol, 0
+		} else {
+			worse++
 		}
 	}
 	if best == nil {
@@ -441,13 +456,18 @@ func planWith(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error)
 			pinned[id] = append(pinned[id], c.Before)
 		}
 	}
-	// A chain runs in producer order before the op that needs it.
-	slices.SortFunc(p.recomputes, func(a, b simulate.Recompute) int {
-		return cmp.Or(cmp.Compare(a.Before, b.Before), cmp.Compare(a.Op, b.Op), cmp.Compare(a.Tensor, b.Tensor))
-	})
+	sortRecomputes(p.recomputes)
 	p.pinned = func(id trace.TensorID) bool { return len(pinned[id]) > 0 }
 	p.blocked = func(c Candidate) bool {
 		return gone[key{c.Tensor, c.Out}] || slices.ContainsFunc(pinned[c.Tensor], func(t int) bool { return t > c.Out && t < c.Use })
 	}
 	return planSwaps(in, left, p)
+}
+
+// sortRecomputes orders recomputes by the op they run before and, before
+// one op, in producer order: a chain runs its links in order.
+func sortRecomputes(rcs []simulate.Recompute) {
+	slices.SortFunc(rcs, func(a, b simulate.Recompute) int {
+		return cmp.Or(cmp.Compare(a.Before, b.Before), cmp.Compare(a.Op, b.Op), cmp.Compare(a.Tensor, b.Tensor))
+	})
 }

@@ -1,0 +1,201 @@
+package mre
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// chainGraph is a small training step: L forward ops, each making an
+// activation from the one before and a weight, saved for its backward op;
+// a loss; L backward ops in reverse, each reading its activation.
+func chainGraph(r *rand.Rand, L int) (*trace.Iteration, []float64) {
+	it := &trace.Iteration{Tensors: map[trace.TensorID]*trace.Tensor{}}
+	id := trace.TensorID(0)
+	tensor := func(kind trace.Kind, bytes int64) trace.TensorID {
+		id++
+		it.Tensors[id] = &trace.Tensor{ID: id, Bytes: bytes, Kind: kind, DType: "float32", Shape: []int64{bytes / 4}}
+		return id
+	}
+	var times []float64
+	op := func(name string, ph trace.Phase, us float64, in []trace.TensorID, out ...trace.TensorID) {
+		it.Ops = append(it.Ops, trace.Op{Seq: len(it.Ops), Name: name, Phase: ph, In: in, Out: out, Mem: -1})
+		times = append(times, us)
+	}
+	x := tensor(trace.KindInput, 1<<20)
+	acts, ws := make([]trace.TensorID, L), make([]trace.TensorID, L)
+	prev := x
+	for i := range L {
+		ws[i] = tensor(trace.KindParam, 1<<20)
+		acts[i] = tensor(trace.KindActivation, int64(1+r.IntN(8))<<20)
+		op("aten::mul", trace.PhaseForward, 10+r.Float64()*300, []trace.TensorID{prev, ws[i]}, acts[i])
+		prev = acts[i]
+	}
+	g := tensor(trace.KindActivation, 1<<20)
+	op("aten::loss", trace.PhaseForward, 20, []trace.TensorID{prev}, g)
+	for i := L - 1; i >= 0; i-- {
+		ng := tensor(trace.KindActivation, 1<<20)
+		op("aten::mul_backward", trace.PhaseBackward, 20+r.Float64()*400, []trace.TensorID{g, acts[i], ws[i]}, ng)
+		g = ng
+	}
+	return it, times
+}
+
+// bruteForce tries every keep / swap / recompute choice per activation and
+// returns the fastest simulated iteration that meets the limit (Inf when
+// none does). A swap frees its memory once its copy out is done and is
+// brought back from the op before its use; a recompute is dropped after
+// the forward and made again before its backward use, after the
+// recomputes of the activations it reads (chains).
+func bruteForce(it *trace.Iteration, m *memory.Model, times []float64, limit int64, link simulate.Link) float64 {
+	type gap struct {
+		id         trace.TensorID
+		bytes      int64
+		prod, i, j int
+	}
+	var gaps []gap
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if lt.Tensor.Kind == trace.KindActivation && lt.ProducedHere() && len(lt.Uses) >= 2 {
+			u := lt.Uses
+			for x := 1; x < len(u); x++ {
+				if int(u[x])-int(u[x-1]) >= 2 {
+					gaps = append(gaps, gap{lt.Tensor.ID, lt.Bytes, lt.Alloc, int(u[x-1]), int(u[x])})
+				}
+			}
+		}
+	}
+	best := -1.0
+	choice := make([]int, len(gaps))
+	var rec func(k int)
+	rec = func(k int) {
+		if k < len(gaps) {
+			for c := range 3 {
+				choice[k] = c
+				rec(k + 1)
+			}
+			return
+		}
+		var swaps []simulate.Swap
+		before := map[trace.TensorID]int{}
+		for x, g := range gaps {
+			switch choice[x] {
+			case 1:
+				swaps = append(swaps, simulate.Swap{Tensor: g.id, Bytes: g.bytes, Out: g.i, Free: -1, In: g.j - 1, Use: g.j})
+			case 2:
+				before[g.id] = g.j
+			}
+		}
+		// A recompute that reads a recomputed tensor makes it need that
+		// one first: at the earliest reader, down the chain.
+		for changed := true; changed; {
+			changed = false
+			for x, g := range gaps {
+				if choice[x] != 2 {
+					continue
+				}
+				for _, in := range it.Ops[g.prod].In {
+					if b, ok := before[in]; ok && before[g.id] < b {
+						before[in], changed = before[g.id], true
+					}
+				}
+			}
+		}
+		var rcs []simulate.Recompute
+		for x, g := range gaps {
+			if choice[x] == 2 {
+				if before[g.id] <= g.i+1 {
+					return
+				}
+				rcs = append(rcs, simulate.Recompute{Tensor: g.id, Bytes: g.bytes, Op: g.prod, Drop: g.i, Before: before[g.id]})
+			}
+		}
+		sortRecomputes(rcs)
+		for _, s := range swaps {
+			if s.In <= s.Out {
+				return
+			}
+		}
+		sim, err := simulate.Run(simulate.Input{OpTimes: times, Curve: m.Curve, Swaps: swaps, Recomputes: rcs, Link: link})
+		if err != nil || sim.Peak > limit {
+			return
+		}
+		if best < 0 || sim.IterationUS < best {
+			best = sim.IterationUS
+		}
+	}
+	rec(0)
+	return best
+}
+
+// TestRecomputeAgainstBruteForce: on small random training steps, the
+// planner with recompute is within 10% of the best keep / swap / recompute
+// choice (in overhead points over the step, plus one point of slack), and
+// never slower than swaps alone.
+func TestRecomputeAgainstBruteForce(t *testing.T) {
+	link := simulate.H200()
+	compared := 0
+	defer func() { t.Logf("%d of 30 instances compared", compared); assert.Greater(t, compared, 15, "instances compared") }()
+	for seed := range 30 {
+		r := rand.New(rand.NewPCG(uint64(seed), 7))
+		it, times := chainGraph(r, 6)
+		m := memory.Build(it, nil)
+		limit := m.Peak * int64(45+r.IntN(40)) / 100
+		name := fmt.Sprintf("seed %d, limit %d of %d", seed, limit, m.Peak)
+		best := bruteForce(it, m, times, limit, link)
+		all := make([]bool, len(it.Ops))
+		for i := range all {
+			all[i] = true
+		}
+		pol, err := Plan(Input{Model: m, Curve: m.Curve, OpTimes: times, Limit: limit, Recomputable: all}, WithMinBytes(0))
+		if best < 0 {
+			// No brute-force choice fits (its swaps have one timing); the
+			// planner's, if any, must.
+			if err == nil {
+				assert.LessOrEqual(t, pol.Sim.Peak, limit, name)
+			}
+			continue
+		}
+		compared++
+		require.NoError(t, err, name)
+		require.LessOrEqual(t, pol.Sim.Peak, limit, name)
+		base := pol.Sim.BaseUS
+		got, want := (pol.Sim.IterationUS/base-1)*100, (best/base-1)*100
+		assert.LessOrEqual(t, got, want*1.1+1, "%s: planner %.2f%% against the best %.2f%%", name, got, want)
+		if swapOnly, err := Plan(Input{Model: m, Curve: m.Curve, OpTimes: times, Limit: limit}, WithMinBytes(0)); err == nil {
+			assert.LessOrEqual(t, pol.Sim.IterationUS, swapOnly.Sim.IterationUS+1e-6, name)
+		}
+	}
+}
+
+func TestRecomputable(t *testing.T) {
+	it := &trace.Iteration{Tensors: map[trace.TensorID]*trace.Tensor{
+		1: {ID: 1, Kind: trace.KindActivation}, 2: {ID: 2, Kind: trace.KindActivation}, 3: {ID: 3, Kind: trace.KindParam},
+	}}
+	tests := []struct {
+		op   trace.Op
+		want bool
+	}{
+		{trace.Op{Name: "aten::mul", In: []trace.TensorID{1, 3}, Out: []trace.TensorID{2}}, true},
+		{trace.Op{Name: "aten::silu", In: []trace.TensorID{1}, Out: []trace.TensorID{2}}, true},
+		{trace.Op{Name: "aten::native_dropout", In: []trace.TensorID{1}, Out: []trace.TensorID{2}}, false},
+		{trace.Op{Name: "aten::randn_like", In: []trace.TensorID{1}, Out: []trace.TensorID{2}}, false},
+		{trace.Op{Name: "aten::empty_like", In: []trace.TensorID{1}, Out: []trace.TensorID{2}}, false},
+		{trace.Op{Name: "aten::add_", In: []trace.TensorID{1, 2}, Out: []trace.TensorID{1}}, false},
+		{trace.Op{Name: "aten::view", In: []trace.TensorID{1}, Out: []trace.TensorID{1}}, false},
+		{trace.Op{Name: "aten::mul", Overload: "out", In: []trace.TensorID{1}, Out: []trace.TensorID{2}}, false},
+		{trace.Op{Name: "aten::copy", In: []trace.TensorID{1}, Out: []trace.TensorID{3}}, false},
+		{trace.Op{Name: "aten::sum", In: []trace.TensorID{1}}, false},
+	}
+	for _, tt := range tests {
+		it.Ops = []trace.Op{tt.op}
+		assert.Equal(t, tt.want, Recomputable(it)[0], "%+v", tt.op)
+	}
+}
