@@ -205,9 +205,16 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	}
 	e.alloc = device.NewAllocator(dev)
 	e.onClose = append(e.onClose, e.alloc.Close)
-	// Round down to the allocator's block size: rounding up would hand out
-	// memory above the limit.
-	if err := e.alloc.Reserve(cfg.limit &^ (device.BlockSize - 1)); err != nil {
+	// A device that maps pages gets an allocator that maps them within the
+	// limit: a large tensor then needs free pages, not one free range, so
+	// fragmentation forces no evictions. Otherwise the limit is one
+	// segment, rounded down to the allocator's block size: rounding up
+	// would hand out memory above the limit.
+	err := e.alloc.ReserveMapped(cfg.limit)
+	if errors.Is(err, device.ErrNotSupported) {
+		err = e.alloc.Reserve(cfg.limit &^ (device.BlockSize - 1))
+	}
+	if err != nil {
 		return fail(fmt.Errorf("chameleon: reserve %d bytes of device memory: %w", cfg.limit, err))
 	}
 	e.pool = device.NewHostPool(dev, device.WithGrowth(64<<20))

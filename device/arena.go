@@ -22,6 +22,9 @@ type arena struct {
 	segs  []segment
 
 	reserved, allocated, peak int64
+	// Pages of the mapped segments: the most that may be mapped, those
+	// mapped, and those some used block overlaps (all in pages).
+	budget, mappedPages, usedPages int64
 	// frees counts frees: a block's freed stamp orders the blocks by when
 	// their memory was given back.
 	frees uint64
@@ -36,6 +39,9 @@ type segment struct {
 	// head is the segment's first block. It never changes: splitting keeps
 	// the lower part, coalescing keeps the lower block.
 	head *block
+	// pages is the page map of a segment of reserved address space (nil
+	// for a segment of memory).
+	pages *pageMap
 }
 
 type block struct {
@@ -145,12 +151,7 @@ const (
 // taken, so that a request does not queue behind a copy still in flight
 // when an idle block of about the same size is free.
 func (a *arena) take(size int64, ready func(*block) bool) *block {
-	i, _ := slices.BinarySearchFunc(a.free, size, func(x *block, s int64) int {
-		if x.size < s {
-			return -1
-		}
-		return 1
-	})
+	i := a.firstFit(size)
 	if i == len(a.free) {
 		return nil
 	}
@@ -175,6 +176,23 @@ func (a *arena) take(size int64, ready func(*block) bool) *block {
 			i = oldest
 		}
 	}
+	return a.takeAt(i, size)
+}
+
+// firstFit is the index of the smallest free block of at least size bytes,
+// len(a.free) when none is that large.
+func (a *arena) firstFit(size int64) int {
+	i, _ := slices.BinarySearchFunc(a.free, size, func(x *block, s int64) int {
+		if x.size < s {
+			return -1
+		}
+		return 1
+	})
+	return i
+}
+
+// takeAt hands out size bytes at the start of the free block a.free[i].
+func (a *arena) takeAt(i int, size int64) *block {
 	b := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)
 	if rest := b.size - size; rest >= a.align {
@@ -193,6 +211,9 @@ func (a *arena) take(size int64, ready func(*block) bool) *block {
 		a.insertFree(r)
 	}
 	b.free = false
+	if seg := &a.segs[b.seg]; seg.pages != nil {
+		a.usePages(seg, b, 1)
+	}
 	a.used[b.addr] = b
 	a.allocated += b.size
 	a.peak = max(a.peak, a.allocated)
@@ -208,6 +229,9 @@ func (a *arena) give(addr uintptr, e pend, hasEv bool) (*block, bool) {
 		return nil, false
 	}
 	delete(a.used, addr)
+	if seg := &a.segs[b.seg]; seg.pages != nil {
+		a.usePages(seg, b, -1)
+	}
 	a.allocated -= b.size
 	b.free = true
 	a.frees++
@@ -350,4 +374,14 @@ type Stats struct {
 	// BackendAllocs counts calls to the backend's allocation function, which
 	// must stay flat on the hot path once the pool is warm.
 	BackendAllocs int64
+
+	// On an allocator set up with ReserveMapped, Reserved is the page
+	// budget and LargestFree is bounded by the pages left in it. PageSize
+	// is the device's page size (0 otherwise), Mapped the bytes of pages
+	// mapped now, Maps and Unmaps count the device calls, and HostWaits the
+	// events the host waited for to unmap a range still in use by queued
+	// work. Maps must stay flat once the allocator is warm.
+	PageSize, Mapped int64
+	Maps, Unmaps     int64
+	HostWaits        int64
 }

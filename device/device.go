@@ -31,6 +31,9 @@ var (
 	ErrInvalidValue = errors.New("device: invalid value")
 	// ErrClosed reports use of a Device (or allocator) after Close.
 	ErrClosed = errors.New("device: closed")
+	// ErrNotSupported reports a capability the device lacks, such as
+	// mapping pages (Mapper).
+	ErrNotSupported = errors.New("device: not supported")
 )
 
 // DevPtr is a device address. Offsets inside one allocation are plain

@@ -1,6 +1,10 @@
 package device
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
 
 // Resident is an allocated block as its owner sees it, for
 // Allocator.EvictionWindow.
@@ -28,6 +32,13 @@ type Resident struct {
 // needs one free range, and a range never spans two segments. An allocated
 // block missing from blocks counts as unmovable; an entry whose Ptr is not an
 // allocated block is ignored.
+//
+// On a mapped allocator (ReserveMapped) the request needs pages, not a free
+// range: the run is the cheapest one whose eviction leaves no block on
+// enough pages for the request to fit in the page budget (pages shared with
+// blocks outside the run stay in use). When no run frees enough, movable
+// blocks are taken least recently used first, wherever they are, until the
+// pages they free are enough.
 func (a *Allocator) EvictionWindow(size int64, blocks []Resident, dst []int) ([]int, bool, error) {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
@@ -56,6 +67,9 @@ func (a *arena) window(need int64, blocks []Resident, dst []int) ([]int, bool) {
 		}
 	}()
 	movable := func(b *block) bool { return b.free || (b.cand > 0 && blocks[b.cand-1].Movable) }
+	if a.budget > 0 {
+		return a.windowPages(need, blocks, dst, movable)
+	}
 	var bestFirst, bestLast *block
 	var bestCost int64
 	var bestAge uint64
@@ -98,4 +112,121 @@ func (a *arena) window(need int64, blocks []Resident, dst []int) ([]int, bool) {
 		}
 	}
 	return dst, true
+}
+
+// windowPages is window on a mapped arena.
+func (a *arena) windowPages(need int64, blocks []Resident, dst []int, movable func(*block) bool) ([]int, bool) {
+	deficit := a.usedPages + a.minExtra(need) - a.budget
+	if deficit <= 0 {
+		return dst, true
+	}
+	// used[s][i]: pages in use among the first i of segment s.
+	used := make([][]int32, len(a.segs))
+	for s := range a.segs {
+		pm := a.segs[s].pages
+		u := make([]int32, len(pm.users)+1)
+		for i, n := range pm.users {
+			u[i+1] = u[i]
+			if n > 0 {
+				u[i+1]++
+			}
+		}
+		used[s] = u
+	}
+	// freed is the pages that evicting the run first..last leaves unused:
+	// those in use in its range but for a page it shares with a used block
+	// outside it.
+	freed := func(seg *segment, u []int32, first, last *block) int64 {
+		pm := seg.pages
+		lo, hi := pm.span(seg, first.addr, int64(last.addr+uintptr(last.size)-first.addr))
+		n := int64(u[hi] - u[lo])
+		startShared := false
+		if p := first.prev; p != nil && !p.free {
+			if _, phi := pm.span(seg, p.addr, p.size); phi-1 == lo {
+				startShared = true
+				n--
+			}
+		}
+		if x := last.next; x != nil && !x.free {
+			if xlo, _ := pm.span(seg, x.addr, x.size); xlo == hi-1 && !(startShared && hi-1 == lo) {
+				n--
+			}
+		}
+		return n
+	}
+	var bestFirst, bestLast *block
+	var bestCost int64
+	var bestAge uint64
+	for s := range a.segs {
+		seg := &a.segs[s]
+		for first := seg.head; first != nil; first = first.next {
+			if first.free || !movable(first) {
+				continue // a run that starts free frees no more than one that starts after
+			}
+			var cost int64
+			var age uint64
+			for b := first; b != nil && movable(b); b = b.next {
+				if !b.free {
+					r := blocks[b.cand-1]
+					cost += r.Cost
+					age = max(age, r.Age)
+				}
+				if bestFirst != nil && cost > bestCost {
+					break
+				}
+				if freed(seg, used[s], first, b) >= deficit {
+					if bestFirst == nil || cost < bestCost || (cost == bestCost && age < bestAge) {
+						bestFirst, bestLast, bestCost, bestAge = first, b, cost, age
+					}
+					break
+				}
+			}
+		}
+	}
+	if bestFirst != nil {
+		for b := bestFirst; ; b = b.next {
+			if !b.free {
+				dst = append(dst, int(b.cand-1))
+			}
+			if b == bestLast {
+				break
+			}
+		}
+		return dst, true
+	}
+	return a.lruPages(deficit, blocks, dst)
+}
+
+// lruPages takes movable blocks least recently used first until evicting
+// them frees deficit pages.
+func (a *arena) lruPages(deficit int64, blocks []Resident, dst []int) ([]int, bool) {
+	order := make([]int, 0, len(blocks))
+	for i, r := range blocks {
+		if b := a.used[uintptr(r.Ptr)]; b != nil && r.Movable {
+			order = append(order, i)
+		}
+	}
+	slices.SortFunc(order, func(x, y int) int { return cmp.Compare(blocks[x].Age, blocks[y].Age) })
+	users := make([][]int32, len(a.segs))
+	for s := range a.segs {
+		users[s] = slices.Clone(a.segs[s].pages.users)
+	}
+	start := len(dst)
+	var got int64
+	for _, i := range order {
+		b := a.used[uintptr(blocks[i].Ptr)]
+		seg := &a.segs[b.seg]
+		lo, hi := seg.pages.span(seg, b.addr, b.size)
+		for p := lo; p < hi; p++ {
+			if users[b.seg][p]--; users[b.seg][p] == 0 {
+				got++
+			}
+		}
+		dst = append(dst, i)
+		if got >= deficit {
+			slices.SortFunc(dst[start:], func(x, y int) int { return cmp.Compare(blocks[x].Ptr, blocks[y].Ptr) })
+			return dst, true
+		}
+	}
+	return dst[:start], false
 }

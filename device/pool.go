@@ -71,6 +71,12 @@ type pool struct {
 	alloc func(size int64) (uintptr, error)
 	free  func() error
 
+	// A mapped allocator's device, page size and address space reserved
+	// at a time (see ReserveMapped), with its counts of device calls.
+	mapper              Mapper
+	page, space         int64
+	maps, unmaps, syncs int64
+
 	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
 	// that wait on them; free holds the indices no block refers to.
 	events []ownedEvent
@@ -102,6 +108,9 @@ func (p *pool) reserve(size int64) error {
 	defer p.mu.Unlock()
 	if p.closed {
 		return fmt.Errorf("%s: reserve %d bytes: %w", p.what, size, ErrClosed)
+	}
+	if p.mapper != nil {
+		return fmt.Errorf("%s: reserve %d bytes: the allocator maps pages (ReserveMapped): %w", p.what, size, ErrInvalidValue)
 	}
 	return p.grow(p.a.roundUp(size))
 }
@@ -201,8 +210,16 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 	}
 	need := p.a.roundUp(size)
 	ready := func(b *block) bool { return p.readyFor(b, s) }
-	b := p.a.take(need, ready)
-	if b == nil && p.cfg.growth > 0 {
+	var b *block
+	if p.mapper != nil {
+		var err error
+		if b, err = p.takeMapped(need, ready); err != nil {
+			return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, err)
+		}
+	} else {
+		b = p.a.take(need, ready)
+	}
+	if b == nil && p.cfg.growth > 0 && p.mapper == nil {
 		if err := p.grow(max(need, p.a.roundUp(p.cfg.growth))); err != nil {
 			return nil, fmt.Errorf("%s: alloc %d bytes: grow: %w", what, size, err)
 		}
@@ -265,6 +282,19 @@ func (p *pool) stats() Stats {
 	defer p.mu.Unlock()
 	s := p.a.stats()
 	s.BackendAllocs = p.backendAllocs
+	if p.mapper != nil {
+		// The memory is the page budget, not the address space.
+		s.PageSize = p.page
+		s.Reserved = p.a.budget * p.page
+		s.Free = s.Reserved - s.Allocated
+		s.Mapped = p.a.mappedPages * p.page
+		s.Maps, s.Unmaps, s.HostWaits = p.maps, p.unmaps, p.syncs
+		s.LargestFree = min(s.LargestFree, (p.a.budget-p.a.usedPages)*p.page)
+		s.Fragmentation = 0
+		if s.Free > 0 {
+			s.Fragmentation = 1 - float64(s.LargestFree)/float64(s.Free)
+		}
+	}
 	return s
 }
 

@@ -193,7 +193,7 @@ type picker struct {
 	touched []int                    // scratch: the ops delta changes
 	mark    []int32                  // scratch: the trial that last touched each op
 	trial   int32
-	moves   []move                   // scratch: a trial's recomputes moved earlier
+	moves   []move // scratch: a trial's recomputes moved earlier
 }
 
 // move is a chosen recompute, x, made earlier: before op to.

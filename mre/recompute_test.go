@@ -142,7 +142,10 @@ func bruteForce(it *trace.Iteration, m *memory.Model, times []float64, limit int
 func TestRecomputeAgainstBruteForce(t *testing.T) {
 	link := simulate.H200()
 	compared := 0
-	defer func() { t.Logf("%d of 30 instances compared", compared); assert.Greater(t, compared, 15, "instances compared") }()
+	defer func() {
+		t.Logf("%d of 30 instances compared", compared)
+		assert.Greater(t, compared, 15, "instances compared")
+	}()
 	for seed := range 30 {
 		r := rand.New(rand.NewPCG(uint64(seed), 7))
 		it, times := chainGraph(r, 6)

@@ -64,8 +64,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	switch *devName {
 	case "host":
 		// The host "device" holds exactly the limit: the Engine reserves
-		// it, so nothing above it can ever be handed out.
-		h, err := host.New(limit, host.WithName("host"))
+		// it, so nothing above it can ever be handed out. Its pages model
+		// the GPU's 2 MiB ones at the replay's scale.
+		h, err := host.New(limit, host.WithName("host"), host.WithPageSize(pageAtScale(*scale)))
 		if err != nil {
 			return err
 		}
@@ -111,4 +112,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d uses read bytes that differ from what was written: %s", rep.FailedUses, strings.Join(rep.Failures, "; "))
 	}
 	return nil
+}
+
+// pageAtScale is CUDA's 2 MiB page divided by scale, rounded up to a power
+// of two of at least device.BlockSize.
+func pageAtScale(scale int64) int64 {
+	p := int64(device.BlockSize)
+	for p*scale < 2<<20 {
+		p *= 2
+	}
+	return p
 }

@@ -23,6 +23,7 @@ type config struct {
 	h2d, d2h     float64
 	sleep        func(time.Duration)
 	hostCapacity int64
+	pageSize     int64
 }
 
 type optionFunc func(*config)
@@ -92,6 +93,7 @@ type Device struct {
 	peak      int64
 	hostBufs  map[*byte]int64
 	hostBytes int64
+	released  [][]byte // reservations given back, unmapped at Close
 
 	streams    map[device.Stream]*stream
 	nextStream device.Stream
@@ -105,6 +107,9 @@ type Device struct {
 type allocation struct {
 	base device.DevPtr
 	mem  []byte
+	// pages marks the mapped pages of a reservation (ReserveAddress); nil
+	// for memory from Alloc.
+	pages []bool
 }
 
 var _ device.Device = (*Device)(nil)
@@ -117,7 +122,7 @@ func New(capacity int64, opts ...Option) (*Device, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("host: capacity %d: %w", capacity, device.ErrInvalidValue)
 	}
-	cfg := config{name: "host", sleep: time.Sleep}
+	cfg := config{name: "host", sleep: time.Sleep, pageSize: DefaultPageSize}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&cfg)
@@ -205,7 +210,7 @@ func (d *Device) Free(p device.DevPtr) error {
 	i, ok := slices.BinarySearchFunc(d.allocs, p, func(a allocation, p device.DevPtr) int {
 		return compare(a.base, p)
 	})
-	if !ok {
+	if !ok || d.allocs[i].pages != nil {
 		return fmt.Errorf("host: free %#x: not an allocation: %w", uintptr(p), device.ErrInvalidValue)
 	}
 	d.allocated -= int64(len(d.allocs[i].mem))
@@ -239,6 +244,15 @@ func (d *Device) resolve(p device.DevPtr, n int64) ([]byte, error) {
 	if off+n > int64(len(a.mem)) {
 		return nil, fmt.Errorf("host: range %#x+%d outside allocation %#x+%d: %w",
 			uintptr(p), n, uintptr(a.base), len(a.mem), device.ErrInvalidValue)
+	}
+	if a.pages != nil && n > 0 {
+		page := d.cfg.pageSize
+		for i := off / page; i <= (off+n-1)/page; i++ {
+			if !a.pages[i] {
+				return nil, fmt.Errorf("host: range %#x+%d: page %d of reservation %#x not mapped: %w",
+					uintptr(p), n, i, uintptr(a.base), device.ErrInvalidValue)
+			}
+		}
 	}
 	return a.mem[off : off+n : off+n], nil
 }
@@ -341,8 +355,17 @@ func (d *Device) Close() error {
 	}
 	d.streams = nil
 	d.events = nil
-	d.allocs = nil
+	mems := d.released
+	for _, a := range d.allocs {
+		if a.pages != nil {
+			mems = append(mems, a.mem)
+		}
+	}
+	d.allocs, d.released = nil, nil
 	d.mu.Unlock()
 	d.workers.Wait()
+	for _, m := range mems {
+		releaseMem(m)
+	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package host_test
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"sync"
@@ -163,4 +164,43 @@ func TestSizesBeyondCapacityOrMachine(t *testing.T) {
 			assert.Equal(t, tt.held, d.Allocated())
 		})
 	}
+}
+
+func TestMapper(t *testing.T) {
+	const page = 4 << 10
+	d, err := host.New(4*page, host.WithPageSize(page))
+	require.NoError(t, err)
+	defer d.Close()
+	assert.Equal(t, int64(page), d.PageSize())
+
+	_, err = d.ReserveAddress(page + 1)
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "whole pages")
+	p, err := d.ReserveAddress(16 * page)
+	require.NoError(t, err)
+	assert.Zero(t, d.Allocated(), "address space costs no memory")
+
+	buf := make([]byte, 2*page)
+	assert.ErrorIs(t, d.ReadDevice(buf, p), device.ErrInvalidValue, "nothing mapped")
+	require.NoError(t, d.Map(p.Add(page), 2*page))
+	assert.Equal(t, int64(2*page), d.Allocated())
+	assert.ErrorIs(t, d.Map(p.Add(2*page), page), device.ErrInvalidValue, "mapped twice")
+	assert.ErrorIs(t, d.Map(p.Add(8*page), 3*page), device.ErrOutOfMemory, "over the capacity")
+	assert.ErrorIs(t, d.Map(p.Add(1), page), device.ErrInvalidValue, "not page aligned")
+
+	data := bytes.Repeat([]byte{7}, 2*page)
+	require.NoError(t, d.WriteDevice(p.Add(page), data))
+	require.NoError(t, d.ReadDevice(buf, p.Add(page)))
+	assert.Equal(t, data, buf)
+	assert.ErrorIs(t, d.Free(p), device.ErrInvalidValue, "a reservation is not an allocation")
+
+	require.NoError(t, d.Unmap(p.Add(2*page), page))
+	assert.ErrorIs(t, d.ReadDevice(buf, p.Add(page)), device.ErrInvalidValue, "a page of the range is unmapped")
+	assert.ErrorIs(t, d.Unmap(p.Add(2*page), page), device.ErrInvalidValue, "unmapped twice")
+	require.NoError(t, d.Map(p.Add(2*page), page))
+	require.NoError(t, d.ReadDevice(buf[:page], p.Add(2*page)))
+	assert.Equal(t, make([]byte, page), buf[:page], "a page mapped again reads zeros")
+
+	require.NoError(t, d.ReleaseAddress(p))
+	assert.Zero(t, d.Allocated())
+	assert.ErrorIs(t, d.ReleaseAddress(p), device.ErrInvalidValue)
 }

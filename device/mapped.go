@@ -1,0 +1,389 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+)
+
+// Mapper is a Device that can reserve address space and back it with
+// physical memory a page at a time: CUDA's virtual memory management
+// (cuMemAddressReserve, cuMemCreate, cuMemMap), AscendCL's
+// aclrtReserveMemAddress and aclrtMapMem, and the host backend, which models
+// them. An Allocator set up on a Mapper (ReserveMapped) never needs a free
+// range of physical memory as large as a request, only enough free pages:
+// fragmentation costs it at most the unused part of partly used pages.
+type Mapper interface {
+	// PageSize is the granularity of Map and Unmap in bytes, a power of
+	// two; 0 when the device cannot map (a driver without the API).
+	PageSize() int64
+	// ReserveAddress reserves size bytes of address space, a multiple of
+	// PageSize, with no memory behind it.
+	ReserveAddress(size int64) (DevPtr, error)
+	// ReleaseAddress waits for the work queued on the device, unmaps what
+	// is still mapped in the reservation at p and returns the range.
+	ReleaseAddress(p DevPtr) error
+	// Map backs the pages [p, p+size) of a reservation with new physical
+	// memory that the device reads and writes. It fails with an error
+	// wrapping ErrOutOfMemory when the device has no memory left.
+	Map(p DevPtr, size int64) error
+	// Unmap releases the physical memory behind the pages [p, p+size),
+	// which Map mapped. No queued work may still use them: unlike cudaFree,
+	// unmapping does not wait for the device.
+	Unmap(p DevPtr, size int64) error
+}
+
+// pageMap is the page state of one segment of reserved address space.
+type pageMap struct {
+	shift uint
+	// users counts the used blocks that overlap each page: a page some
+	// block uses is mapped; one no block uses may be (cached) or not.
+	users  []int32
+	mapped []bool
+	// prefix[i] is the number of mapped pages among the first i, so that a
+	// range's unmapped pages cost two loads on the allocation path.
+	prefix []int32
+}
+
+func newPageMap(size, page int64) *pageMap {
+	n := int(size / page)
+	return &pageMap{shift: uint(bits.TrailingZeros64(uint64(page))), users: make([]int32, n),
+		mapped: make([]bool, n), prefix: make([]int32, n+1)}
+}
+
+// span is the range of pages [lo, hi) that size bytes at addr overlap.
+func (pm *pageMap) span(seg *segment, addr uintptr, size int64) (lo, hi int) {
+	off := int64(addr - seg.addr)
+	return int(off >> pm.shift), int((off+size-1)>>pm.shift) + 1
+}
+
+func (pm *pageMap) unmapped(lo, hi int) int { return hi - lo - int(pm.prefix[hi]-pm.prefix[lo]) }
+
+// unused counts the pages in [lo, hi) that no used block overlaps: what a
+// block over them adds to the pages in use.
+func (pm *pageMap) unused(lo, hi int) int {
+	n := 0
+	for _, u := range pm.users[lo:hi] {
+		if u == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (pm *pageMap) setMapped(lo, hi int, on bool) {
+	for i := lo; i < hi; i++ {
+		pm.mapped[i] = on
+	}
+	for i := lo; i < len(pm.mapped); i++ {
+		pm.prefix[i+1] = pm.prefix[i]
+		if pm.mapped[i] {
+			pm.prefix[i+1]++
+		}
+	}
+}
+
+// usePages counts b in or out of the users of its pages.
+func (a *arena) usePages(seg *segment, b *block, delta int32) {
+	pm := seg.pages
+	lo, hi := pm.span(seg, b.addr, b.size)
+	for i := lo; i < hi; i++ {
+		if pm.users[i] == 0 {
+			a.usedPages++
+		}
+		pm.users[i] += delta
+		if pm.users[i] == 0 {
+			a.usedPages--
+		}
+	}
+}
+
+// pickMapped chooses the free block to serve size bytes from in a mapped
+// arena, or -1 when none fits in the page budget. Among the best fits, the
+// first that is ready and whose pages are all mapped wins (the hot path: no
+// device call); failing that, the candidate that adds the fewest pages in
+// use, then the fewest pages to map, then the one freed longest ago.
+func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
+	i := a.firstFit(size)
+	n := len(a.free)
+	best, bestExtra, bestUnmapped := -1, 0, 0
+	for j := i; j < n; j++ {
+		if j >= i+oldestCandidates && j != n-1 {
+			j = n - 1 // the largest block: fresh address space, if any
+		}
+		b := a.free[j]
+		seg := &a.segs[b.seg]
+		lo, hi := seg.pages.span(seg, b.addr, size)
+		um := seg.pages.unmapped(lo, hi)
+		if um == 0 && j < i+preferCandidates && (ready == nil || ready(b)) {
+			return j
+		}
+		extra := seg.pages.unused(lo, hi)
+		if a.usedPages+int64(extra) > a.budget {
+			continue
+		}
+		if best < 0 || extra < bestExtra || (extra == bestExtra && (um < bestUnmapped ||
+			(um == bestUnmapped && b.freed < a.free[best].freed))) {
+			best, bestExtra, bestUnmapped = j, extra, um
+		}
+	}
+	return best
+}
+
+// minExtra is the fewest pages a request of size bytes adds to the pages in
+// use, over every free range it fits in; a request that fits in none takes
+// fresh address space.
+func (a *arena) minExtra(size int64) int64 {
+	best := (size + int64(1)<<a.segs[0].pages.shift - 1) >> a.segs[0].pages.shift
+	for _, b := range a.free[a.firstFit(size):] {
+		seg := &a.segs[b.seg]
+		lo, hi := seg.pages.span(seg, b.addr, size)
+		best = min(best, int64(seg.pages.unused(lo, hi)))
+	}
+	return best
+}
+
+// ReserveMapped sets the allocator up on address space instead of
+// segments of memory: it reserves address space from the device, which must
+// be a Mapper, and maps pages behind blocks as they are handed out, never
+// holding more than limit bytes of pages (rounded down to whole pages).
+// The budget is mapped at once; freed pages stay mapped for reuse and are
+// unmapped (to be mapped where a request needs them) only when a request
+// needs pages that the budget has no room for; a free range whose memory is
+// still guarded by events is unmapped only after the host waits for them,
+// so that path blocks the host (the allocator prefers ranges it can unmap
+// at once). When no free range of address space fits a request, more is
+// reserved.
+//
+// A request needs enough free pages, not one free range of physical
+// memory: small blocks share pages, and a large block takes pages wherever
+// they are. It fails with an error wrapping ErrNotSupported when the device
+// cannot map or limit is under one page, and must be the allocator's only
+// Reserve call.
+func (a *Allocator) ReserveMapped(limit int64) error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	p := &a.p
+	if p.closed {
+		return fmt.Errorf("allocator: reserve mapped %d bytes: %w", limit, ErrClosed)
+	}
+	m, ok := p.dev.(Mapper)
+	if !ok {
+		return fmt.Errorf("allocator: reserve mapped: %s cannot map pages: %w", p.dev.Name(), ErrNotSupported)
+	}
+	page := m.PageSize()
+	switch {
+	case page <= 0:
+		return fmt.Errorf("allocator: reserve mapped: %s cannot map pages: %w", p.dev.Name(), ErrNotSupported)
+	case page&(page-1) != 0 || page%p.a.align != 0:
+		return fmt.Errorf("allocator: reserve mapped: page size %d: %w", page, ErrInvalidValue)
+	case limit < page:
+		return fmt.Errorf("allocator: reserve mapped %d bytes: under one page of %d: %w", limit, page, ErrNotSupported)
+	case len(p.a.segs) > 0:
+		return fmt.Errorf("allocator: reserve mapped: segments already reserved: %w", ErrInvalidValue)
+	}
+	p.mapper, p.page = m, page
+	p.a.budget = limit / page
+	// Twice the limit: every block could be placed anew while as much
+	// again is held, so address space runs out only in contrived cases,
+	// and then more is reserved.
+	p.space = 2 * p.a.budget * page
+	p.alloc = func(size int64) (uintptr, error) {
+		ptr, err := m.ReserveAddress(size)
+		return uintptr(ptr), err
+	}
+	p.free = a.releaseMapped
+	if err := p.growMapped(p.space); err != nil {
+		return err
+	}
+	// The whole budget is mapped up front, as Reserve would allocate it:
+	// a limit the device cannot hold fails here, not in the middle of a
+	// step, and until fragmentation asks for pages elsewhere the device
+	// is never called again.
+	seg := &p.a.segs[0]
+	p.maps++
+	if err := m.Map(DevPtr(seg.addr), p.a.budget*page); err != nil {
+		return fmt.Errorf("allocator: reserve mapped %d bytes: %w", limit, err)
+	}
+	seg.pages.setMapped(0, int(p.a.budget), true)
+	p.a.mappedPages = p.a.budget
+	return nil
+}
+
+// growMapped reserves size bytes (rounded up to pages) of address space.
+func (p *pool) growMapped(size int64) error {
+	size = (size + p.page - 1) / p.page * p.page
+	if err := p.grow(size); err != nil {
+		return err
+	}
+	seg := &p.a.segs[len(p.a.segs)-1]
+	seg.pages = newPageMap(size, p.page)
+	return nil
+}
+
+// releaseMapped returns every reservation; the Mapper waits for the device.
+func (a *Allocator) releaseMapped() error {
+	var errs []error
+	for _, s := range a.p.a.segs {
+		if err := a.p.mapper.ReleaseAddress(DevPtr(s.addr)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	a.p.a.mappedPages = 0
+	return errors.Join(errs...)
+}
+
+// takeMapped is get's choice on a mapped allocator: a block whose pages are
+// mapped (mapping them, and unmapping cached pages to make room, if need
+// be). Called with p.mu held.
+func (p *pool) takeMapped(need int64, ready func(*block) bool) (*block, error) {
+	i := p.a.pickMapped(need, ready)
+	if i < 0 && p.a.firstFit(need) == len(p.a.free) {
+		// No free range of address space fits: reserve more.
+		if err := p.growMapped(max(need, p.space)); err != nil {
+			return nil, err
+		}
+		i = p.a.pickMapped(need, ready)
+	}
+	if i < 0 {
+		return nil, nil
+	}
+	b := p.a.takeAt(i, need)
+	if err := p.back(b); err != nil {
+		p.a.give(b.addr, pend{}, false)
+		return nil, err
+	}
+	return b, nil
+}
+
+// back maps the pages of the used block b that are not mapped yet.
+func (p *pool) back(b *block) error {
+	seg := &p.a.segs[b.seg]
+	pm := seg.pages
+	lo, hi := pm.span(seg, b.addr, b.size)
+	um := pm.unmapped(lo, hi)
+	if um == 0 {
+		return nil
+	}
+	if over := p.a.mappedPages + int64(um) - p.a.budget; over > 0 {
+		if err := p.reclaim(over); err != nil {
+			return err
+		}
+	}
+	for i := lo; i < hi; {
+		if pm.mapped[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < hi && !pm.mapped[j] {
+			j++
+		}
+		p.maps++
+		if err := p.mapper.Map(DevPtr(seg.addr+uintptr(i)<<pm.shift), int64(j-i)<<pm.shift); err != nil {
+			return fmt.Errorf("%s: map %d pages: %w", p.what, j-i, err)
+		}
+		pm.setMapped(i, j, true)
+		p.a.mappedPages += int64(j - i)
+		i = j
+	}
+	return nil
+}
+
+// reclaim unmaps n cached pages (mapped, used by no block). Free ranges
+// whose events have completed go first; then the host waits for the events
+// of others.
+func (p *pool) reclaim(n int64) error {
+	for pass := 0; pass < 2 && n > 0; pass++ {
+		for si := range p.a.segs {
+			seg := &p.a.segs[si]
+			for f := seg.head; f != nil && n > 0; f = f.next {
+				if !f.free {
+					continue
+				}
+				lo, hi := seg.pages.span(seg, f.addr, f.size)
+				if !seg.pages.cached(lo, hi) {
+					continue
+				}
+				if len(f.pending) > 0 {
+					ok, err := p.settle(f, pass == 1)
+					if err != nil {
+						return err
+					}
+					if !ok {
+						continue
+					}
+				}
+				got, err := p.unmapCached(seg, lo, hi, n)
+				n -= got
+				if err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%s: %d pages short: %w", p.what, n, ErrOutOfMemory)
+	}
+	return nil
+}
+
+// cached reports whether a page in [lo, hi) is mapped with no user.
+func (pm *pageMap) cached(lo, hi int) bool {
+	for i := lo; i < hi; i++ {
+		if pm.users[i] == 0 && pm.mapped[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// settle makes sure the work behind the free block f's events is done, so
+// that its pages may be unmapped: without wait it only asks the device;
+// with wait it blocks the host until each event completes. It reports
+// whether f is settled, and drops its events then.
+func (p *pool) settle(f *block, wait bool) (bool, error) {
+	for _, e := range f.pending {
+		done, err := p.dev.Query(e.ev)
+		if err != nil {
+			return false, fmt.Errorf("%s: reclaim: %w", p.what, err)
+		}
+		if done {
+			continue
+		}
+		if !wait {
+			return false, nil
+		}
+		p.syncs++
+		if err := p.dev.SyncEvent(e.ev); err != nil {
+			return false, fmt.Errorf("%s: reclaim: %w", p.what, err)
+		}
+	}
+	p.a.release(f)
+	return true, nil
+}
+
+// unmapCached unmaps up to n cached pages in [lo, hi) of seg, in runs.
+func (p *pool) unmapCached(seg *segment, lo, hi int, n int64) (int64, error) {
+	pm := seg.pages
+	var got int64
+	for i := lo; i < hi && got < n; {
+		if pm.users[i] != 0 || !pm.mapped[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < hi && got+int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] {
+			j++
+		}
+		p.unmaps++
+		if err := p.mapper.Unmap(DevPtr(seg.addr+uintptr(i)<<pm.shift), int64(j-i)<<pm.shift); err != nil {
+			return got, fmt.Errorf("%s: unmap %d pages: %w", p.what, j-i, err)
+		}
+		pm.setMapped(i, j, false)
+		p.a.mappedPages -= int64(j - i)
+		got += int64(j - i)
+		i = j
+	}
+	return got, nil
+}
