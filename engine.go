@@ -73,6 +73,17 @@ type Op struct {
 	// FLOPs and Bytes are optional costs the time estimator uses for op
 	// names it has no model of.
 	FLOPs, Bytes float64
+	// Recompute, when set, runs the op again: it launches the same kernels
+	// on the compute stream, reading In and writing Out through their
+	// handles (Ptr inside the call). It lets the planner drop the op's
+	// output after a use and make it again before its next one, instead of
+	// keeping or swapping it. The host promises that the kernels give the
+	// same bytes for the same inputs: no random numbers (dropout draws from
+	// the RNG state of the moment, which a recompute cannot replay), no
+	// atomics that reorder a reduction, no writes into the inputs. The
+	// Engine keeps the inputs on the device until the recompute has run,
+	// even those the host releases before it.
+	Recompute func() error
 }
 
 // Tensor is a handle on device memory the Engine manages. The host reads the
@@ -94,6 +105,8 @@ type Tensor struct {
 	pin      uint64 // op serial during which it must stay resident
 	lastUse  uint64 // op serial of its last use: the eviction order
 	plan     int32  // index of the planned swap it was matched to, -1
+	rc       int32  // index of the planned recompute it was matched to, -1
+	holds    int32  // recomputes still to run that read it: its memory stays
 	feat     match.Features
 	slot     int // index in Engine.live
 }
@@ -101,8 +114,11 @@ type Tensor struct {
 // Ptr is the tensor's device address. Valid inside an op that lists the
 // tensor; it panics on a released tensor, the host's use-after-free.
 func (t *Tensor) Ptr() device.DevPtr {
-	if t.released {
+	if t.released && t.holds == 0 {
 		panic("chameleon: Ptr of a released tensor")
+	}
+	if t.state == dropped {
+		panic("chameleon: Ptr of a dropped tensor outside an op that lists it")
 	}
 	if t.state == swapped {
 		panic("chameleon: Ptr of a swapped-out tensor outside an op that lists it")
@@ -175,6 +191,7 @@ type Stats struct {
 	Evictions       int64 // swap-outs forced by a failed allocation
 	SwappedOutBytes int64
 	SwappedInBytes  int64
+	Recomputes      int64 // tensors dropped and made again by running their producer
 	PeakDeviceBytes int64 // highest bytes the allocator handed out
 	// DeviceBytes and HostBytes are what the Engine holds now: device memory
 	// handed out (block-rounded) and pinned host buffers in use.
@@ -307,7 +324,7 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	} else {
 		t = new(Tensor)
 	}
-	t.id, t.size, t.kind, t.dtype, t.shape, t.plan = e.nextID, size, kind, dtype, shape, -1
+	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc = e.nextID, size, kind, dtype, shape, -1, -1
 	e.nextID++
 	e.serial++
 	t.pin = e.serial // not evictable while its own allocation runs
@@ -336,7 +353,18 @@ func (e *Engine) Release(t *Tensor) error {
 		return nil
 	}
 	t.released = true
-	if t.kind == Activation && (e.policy == nil || t.plan < 0) {
+	if p := e.policy; p != nil && t.state == dropped && t.rc >= 0 {
+		p.abandon(e, t.rc) // never made again: its inputs need not wait
+	}
+	if t.holds > 0 {
+		return nil // freed once the recomputes that read it have run
+	}
+	return e.free(t)
+}
+
+// free gives a released tensor's memory back.
+func (e *Engine) free(t *Tensor) error {
+	if t.kind == Activation && (e.policy == nil || (t.plan < 0 && t.rc < 0)) {
 		// A tensor a policy matched is not reused: the policy may still
 		// point at it. Nor are persistent handles: cached policies name
 		// them directly.
@@ -352,6 +380,8 @@ func (e *Engine) Release(t *Tensor) error {
 	case swappedIn:
 		// Compute never waited on the copy back: free behind the copy.
 		return e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	case dropped:
+		return nil
 	default:
 		return e.pool.PutAfter(t.host, t.outDone, e.d2h)
 	}

@@ -18,6 +18,7 @@ const (
 	resident  residency = iota
 	swappedIn           // resident, but the copy back may still be running: compute must wait on ready
 	swapped             // bytes only on the host
+	dropped             // bytes nowhere: its producer runs again before its next use
 )
 
 // allocate gets device memory for stream s, swapping out idle tensors
@@ -65,7 +66,7 @@ func (e *Engine) victims(want int64) []*Tensor {
 	res := e.scratch[:0]
 	blocks := e.blocks[:0]
 	for _, t := range e.live {
-		if t.state != swapped {
+		if t.state != swapped && t.state != dropped {
 			res = append(res, t)
 			blocks = append(blocks, device.Resident{Ptr: t.ptr, Movable: t.pin != e.serial, Cost: t.size, Age: t.lastUse})
 		}
@@ -86,7 +87,7 @@ func (e *Engine) victims(want int64) []*Tensor {
 // swapOut copies t to pinned host memory on the d2h stream after the
 // compute stream's work so far, and frees its device memory behind the copy.
 func (e *Engine) swapOut(t *Tensor) error {
-	if t.state == swapped {
+	if t.state == swapped || t.state == dropped {
 		return nil
 	}
 	after := e.ring[e.compute].next()

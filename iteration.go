@@ -27,13 +27,18 @@ type Iteration struct {
 	// per-iteration execution counts
 	swapsOut, swapsIn, onDemand int64
 	bytesOut                    int64
+	drops, recomputes           int64
+	// hostRecompute marks, per profiled op, whether the host gave it a
+	// Recompute.
+	hostRecompute []bool
 }
 
 // Begin starts an iteration. The returned Iteration is reused by the
 // Engine: it is valid until End.
 func (e *Engine) Begin() *Iteration {
 	it := &e.it
-	*it = Iteration{eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0]}
+	*it = Iteration{eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
+		hostRecompute: it.hostRecompute[:0]}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
 	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
 		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}}
@@ -75,6 +80,13 @@ func (it *Iteration) Before(op *Op) error {
 			it.swapsIn++
 		}
 		it.deferred = kept
+		for _, k := range p.recAt[it.op] {
+			if x := p.rlive[k].x; x != nil && x.state == dropped && !x.released {
+				if err := it.recompute(p, k); err != nil {
+					return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+				}
+			}
+		}
 	}
 	if err := it.resident(op, op.In); err != nil {
 		return err
@@ -87,6 +99,15 @@ func (it *Iteration) resident(op *Op, ts []*Tensor) error {
 	for _, t := range ts {
 		if t.released {
 			return fmt.Errorf("chameleon: op %d (%s) uses released tensor %d", it.op, op.Name, t.id)
+		}
+		if t.state == dropped {
+			// Needed before its planned recompute: made again now.
+			if e.policy == nil || t.rc < 0 {
+				return fmt.Errorf("chameleon: op %d (%s): tensor %d was dropped with no way to make it again", it.op, op.Name, t.id)
+			}
+			if err := it.recompute(e.policy, t.rc); err != nil {
+				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+			}
 		}
 		if t.state == swapped {
 			if _, err := e.swapIn(t, true); err != nil {
@@ -136,9 +157,14 @@ func (it *Iteration) After(op *Op) error {
 			t.feat = features(uint64(t.ptr), stack, tok, t.shape)
 			if p != nil {
 				if k, _ := p.matcher.Match(t.feat); k >= 0 {
-					sw := p.matchIdx[k]
-					p.live[sw], t.plan = t, sw
-					p.matched++
+					if sw := p.matchSwap[k]; sw >= 0 {
+						p.live[sw], t.plan = t, sw
+						p.matched++
+					}
+					if rc := p.matchRC[k]; rc >= 0 {
+						p.rlive[rc].x, t.rc = t, rc
+						p.matched++
+					}
 				}
 			}
 		}
@@ -147,6 +173,7 @@ func (it *Iteration) After(op *Op) error {
 		it.record(op)
 	}
 	if p != nil {
+		p.capture(it.op, op)
 		for _, k := range p.outAt[it.op] {
 			if t := p.live[k]; t != nil && !t.released && t.state != swapped {
 				if err := e.swapOut(t); err != nil {
@@ -155,6 +182,9 @@ func (it *Iteration) After(op *Op) error {
 				it.swapsOut++
 				it.bytesOut += t.size
 			}
+		}
+		if err := it.drop(p, it.op); err != nil {
+			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 		}
 	}
 	it.op++
@@ -174,6 +204,7 @@ func (it *Iteration) record(op *Op) {
 		}
 		return out
 	}
+	it.hostRecompute = append(it.hostRecompute, op.Recompute != nil)
 	it.detail.Ops = append(it.detail.Ops, trace.Op{
 		Seq: it.op, Name: op.Name, Overload: op.Overload, Phase: op.Phase, Module: op.Module,
 		In: ids(op.In), Out: ids(op.Out), Mem: e.liveB, FLOPs: op.FLOPs, IOBytes: op.Bytes,
@@ -182,18 +213,23 @@ func (it *Iteration) record(op *Op) {
 
 // Result is what End reports about an iteration.
 type Result struct {
-	Index     int
-	Ops       int
-	Stage     seq.Stage // the stage this iteration ran in
-	Detect    seq.Result
-	Planned   bool  // a policy was planned from this iteration's profile
-	CacheHit  bool  // a cached policy was adopted for the next iterations
-	Matched   int   // planned tensors matched to live ones
-	SwapsOut  int64 // copies to the host this iteration
-	SwapsIn   int64
-	OnDemand  int64 // copies back issued at the use
-	BytesOut  int64
-	PlanError error // why planning found no policy, if it ran and failed
+	Index    int
+	Ops      int
+	Stage    seq.Stage // the stage this iteration ran in
+	Detect   seq.Result
+	Planned  bool  // a policy was planned from this iteration's profile
+	CacheHit bool  // a cached policy was adopted for the next iterations
+	Matched  int   // planned tensors matched to live ones
+	SwapsOut int64 // copies to the host this iteration
+	SwapsIn  int64
+	OnDemand int64 // copies back issued at the use
+	BytesOut int64
+	// Drops and Recomputes count the tensors dropped and made again.
+	Drops, Recomputes int64
+	// SettleError is why the end of the iteration could not make again a
+	// tensor still dropped, if it could not.
+	SettleError error
+	PlanError   error // why planning found no policy, if it ran and failed
 	// Plan is what the planning path made of this iteration's profile, when
 	// it ran: the memory model, groups, op times, the policy and its
 	// simulation as the executor issues it. Nil otherwise.
@@ -204,6 +240,10 @@ type Result struct {
 // Plan and Simulate the next policy (or adopt a cached one).
 func (it *Iteration) End() Result {
 	e := it.eng
+	var settleErr error
+	if e.policy != nil {
+		settleErr = it.settle(e.policy)
+	}
 	end := e.cfg.clock().UnixNano()
 	ctx := it.ctx
 	_, encSpan := e.tracer.Start(ctx, "chameleon.encode")
@@ -218,12 +258,13 @@ func (it *Iteration) End() Result {
 	detSpan.End()
 
 	r := Result{Index: it.index, Ops: prof.Len, Stage: res.Stage, Detect: res,
-		SwapsOut: it.swapsOut, SwapsIn: it.swapsIn, OnDemand: it.onDemand, BytesOut: it.bytesOut}
+		SwapsOut: it.swapsOut, SwapsIn: it.swapsIn, OnDemand: it.onDemand, BytesOut: it.bytesOut,
+		Drops: it.drops, Recomputes: it.recomputes, SettleError: settleErr}
 	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
 	obs := observation{key: key, changed: res.Changed, profiled: it.detail != nil,
 		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
 	if p := e.policy; p != nil {
-		obs.policy, obs.swaps, obs.matched = true, len(p.swaps), p.matched
+		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
 		r.Matched = p.matched
 	}
 	d := e.life.end(obs)
@@ -242,7 +283,7 @@ func (it *Iteration) End() Result {
 	}
 	if d.plan {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
-		pol, pr, err := e.plan(ctx, it.detail, key)
+		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, key)
 		r.Plan = pr
 		e.life.planned(err == nil)
 		if err != nil {

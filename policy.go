@@ -26,13 +26,22 @@ type policy struct {
 	// fixed holds, per swap, the persistent tensor it moves (parameters,
 	// optimizer state keep their handle across iterations, so they need no
 	// matching), nil for a swap of an activation, found by matching.
-	fixed    []*Tensor
-	outAt    map[int][]int32
-	inAt     map[int][]int32
-	matcher  *match.Matcher
-	matchIdx []int32 // matcher index -> swap index
-	live     []*Tensor
-	matched  int
+	fixed   []*Tensor
+	outAt   map[int][]int32
+	inAt    map[int][]int32
+	matcher *match.Matcher
+	// Per matcher index, the swap and the recompute of that tensor (-1:
+	// none).
+	matchSwap, matchRC []int32
+	live               []*Tensor
+	matched            int
+	// recomputes are the tensors dropped and made again, rtensors what
+	// matches them; filed by producer, drop and use, with this iteration's
+	// state in rlive.
+	recomputes            []simulate.Recompute
+	rtensors              []plannedTensor
+	rlive                 []rcLive
+	prodAt, dropAt, recAt map[int][]int32
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -57,10 +66,12 @@ func features(ptr, stack uint64, producer seq.Token, shape []int64) match.Featur
 	return match.Features{Ptr: ptr, Stack: stack, Producer: uint32(producer), Shape: match.ShapeHash(shape)}
 }
 
-// newPolicy indexes a plan's swaps by the op their copies are issued at.
-// fixed may be nil (no persistent tensor among the swaps), and so may ip
-// (issue each copy at the plan's Out and In).
-func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.Swap, tensors []plannedTensor, fixed []*Tensor, ip *simulate.IssuePlan) *policy {
+// newPolicy indexes a plan's swaps by the op their copies are issued at,
+// and its recomputes by their ops. fixed may be nil (no persistent tensor
+// among the swaps), and so may ip (issue each copy at the plan's Out and
+// In) and rcs.
+func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.Swap, tensors []plannedTensor, fixed []*Tensor,
+	ip *simulate.IssuePlan, rcs []simulate.Recompute, rtensors []plannedTensor) *policy {
 	if fixed == nil {
 		fixed = make([]*Tensor, len(swaps))
 	}
@@ -68,7 +79,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		ip = simulate.Issue(swaps, nil)
 	}
 	p := &policy{key: key, swaps: swaps, tensors: tensors, fixed: fixed,
-		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps))}
+		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps)), rtensors: rtensors}
 	// Copy streams run copies in issue order: the plan's issue order (when,
 	// and in which order, its simulation started them) makes the streams
 	// run the planned schedule.
@@ -78,22 +89,43 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 	for _, i := range ip.InOrder {
 		p.inAt[ip.InOp[i]] = append(p.inAt[ip.InOp[i]], int32(i))
 	}
+	p.indexRecomputes(rcs)
+	// One matcher entry per planned activation, whether it is swapped,
+	// recomputed or both (over different gaps).
 	var mf []match.Features
+	entry := map[trace.TensorID]int{}
+	add := func(id trace.TensorID, t *plannedTensor) int {
+		if x, ok := entry[id]; ok {
+			return x
+		}
+		entry[id] = len(mf)
+		mf = append(mf, t.features(v))
+		p.matchSwap, p.matchRC = append(p.matchSwap, -1), append(p.matchRC, -1)
+		return len(mf) - 1
+	}
 	for i := range swaps {
 		if fixed[i] == nil {
-			mf = append(mf, tensors[i].features(v))
-			p.matchIdx = append(p.matchIdx, int32(i))
+			p.matchSwap[add(swaps[i].Tensor, &tensors[i])] = int32(i)
 		}
+	}
+	for k := range rcs {
+		p.matchRC[add(rcs[k].Tensor, &rtensors[k])] = int32(k)
 	}
 	p.matcher = match.New(cfg, mf)
 	return p
 }
+
+// targets is the number of planned tensors the policy needs matched.
+func (p *policy) targets() int { return len(p.swaps) + len(p.recomputes) }
 
 // reset starts an iteration: activations are matched afresh, persistent
 // tensors are known.
 func (p *policy) reset() {
 	p.matcher.Reset()
 	clear(p.live)
+	for k := range p.rlive {
+		p.rlive[k] = rcLive{in: p.rlive[k].in[:0]}
+	}
 	p.matched = 0
 	for i, t := range p.fixed {
 		if t != nil && !t.released {
@@ -111,9 +143,12 @@ func (e *Engine) cached(k policyKey) bool {
 // plan makes the policy for a profiled iteration on the one planning path
 // (plan.Make) with the Engine's settings, and binds it: persistent tensors
 // by handle, activations by their match features.
-func (e *Engine) plan(ctx context.Context, it *trace.Iteration, key policyKey) (*policy, *plan.Result, error) {
+func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, key policyKey) (*policy, *plan.Result, error) {
 	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
 	opts := append(slices.Clone(e.cfg.planning), plan.WithObserver(e.spans(ctx)))
+	if slices.Contains(hostRecompute, true) {
+		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
+	}
 	res, err := plan.Make(plan.Input{Iter: it, Limit: e.cfg.limit,
 		LiveOut: func(id trace.TensorID) bool { return live[id] != nil }}, opts...)
 	if err != nil {
@@ -122,16 +157,24 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, key policyKey) (
 	swaps := slices.Clone(res.Swaps())
 	tensors := make([]plannedTensor, len(swaps))
 	fixed := make([]*Tensor, len(swaps))
+	made := func(id trace.TensorID) plannedTensor {
+		t := it.Tensors[id]
+		op := &it.Ops[res.Model.Lifetime(id).Alloc]
+		return plannedTensor{Ptr: t.Ptr, Name: op.Name, Overload: op.Overload, Module: op.Module, Shape: t.Shape}
+	}
 	for i, s := range swaps {
 		if t := live[s.Tensor]; t != nil && t.kind.persistent() {
 			fixed[i] = t
 			continue
 		}
-		t := it.Tensors[s.Tensor]
-		op := &it.Ops[res.Model.Lifetime(s.Tensor).Alloc]
-		tensors[i] = plannedTensor{Ptr: t.Ptr, Name: op.Name, Overload: op.Overload, Module: op.Module, Shape: t.Shape}
+		tensors[i] = made(s.Tensor)
 	}
-	return newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue), res, nil
+	rcs := slices.Clone(res.Recomputes())
+	rtensors := make([]plannedTensor, len(rcs))
+	for k, r := range rcs {
+		rtensors[k] = made(r.Tensor)
+	}
+	return newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors), res, nil
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.

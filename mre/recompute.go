@@ -389,7 +389,9 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	for t, v := range curve {
 		need[t] = v - in.Limit
 	}
-	rcs := recomputeCandidates(in.Model, curve, in.Limit, cfg.minBytes, in.Recomputable, in.OpTimes)
+	// No size threshold: a recompute costs no copy, and cost per byte
+	// orders the small ones last.
+	rcs := recomputeCandidates(in.Model, curve, in.Limit, 0, in.Recomputable, in.OpTimes)
 	var base float64
 	for _, d := range in.OpTimes {
 		base += d
@@ -398,8 +400,11 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	var bestErr error
 	prev, worse := -1, 0
 	for _, share := range recomputeBudgets {
-		if worse == 2 {
-			break // past the best: more recompute only adds compute time
+		if worse == 2 && len(best.Recomputes) > 0 {
+			// Two budgets past a best that recomputes: more recompute only
+			// adds compute time. (Past the swap-only plan, small budgets may
+			// be worse and larger ones far better.)
+			break
 		}
 		picked := pickRecomputes(rcs, need, share*base)
 		if len(picked) == prev {

@@ -15,7 +15,9 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
@@ -34,6 +36,11 @@ type Config struct {
 	Options []chameleon.Option
 	// Progress, when set, gets a line per replayed iteration.
 	Progress io.Writer
+	// Recompute gives every op that may run again (mre.Recomputable) a
+	// Recompute: it checks the op's inputs hold what they held when it ran
+	// and writes its output's pattern again, so the Engine may drop the
+	// output and make it again, and every use still verifies it.
+	Recompute bool
 }
 
 // Report is what a replay saw. The JSON names are those of the replay
@@ -52,6 +59,7 @@ type Report struct {
 	Stages          []string `json:"stages"`
 	// Not in the command's required report, but useful.
 	OnDemandSwapIns int64              `json:"on_demand_swap_ins"`
+	Recomputes      int64              `json:"recomputes"`
 	Evictions       int64              `json:"evictions"`
 	PlanErrors      []string           `json:"plan_errors,omitempty"`
 	Results         []chameleon.Result `json:"-"`
@@ -193,7 +201,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 			}
 		}
 	}
-	r := &runner{eng: eng, dev: dev, tr: tr, scale: cfg.Scale, tensors: map[trace.TensorID]*live{}, rep: rep}
+	r := &runner{eng: eng, dev: dev, tr: tr, scale: cfg.Scale, tensors: map[trace.TensorID]*live{}, rep: rep, recompute: cfg.Recompute}
 	// Parameters and optimizer state first, as a training job allocates
 	// them at start: scattered among activations they would fragment the
 	// device memory for the whole run.
@@ -249,12 +257,18 @@ type runner struct {
 	rep     *Report
 	buf     []byte
 	want    []byte
+	// recompute: ops that may run again get a Recompute (Config.Recompute).
+	recompute bool
 }
 
 func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *uint64) error {
 	e := r.eng
 	x := e.Begin()
 	seen := make(map[trace.TensorID]bool, len(it.Tensors))
+	var ok []bool
+	if r.recompute {
+		ok = mre.Recomputable(it)
+	}
 	var op chameleon.Op
 	for i := range it.Ops {
 		o := &it.Ops[i]
@@ -287,6 +301,9 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 			}
 			op.Out = append(op.Out, l.t)
 		}
+		if r.recompute && ok[i] && len(o.Out) == 1 {
+			op.Recompute = r.recomputeOf(o, i, *gen+1)
+		}
 		if err := x.Before(&op); err != nil {
 			return err
 		}
@@ -294,10 +311,14 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 		for _, id := range o.In {
 			r.verify(id, i)
 		}
-		for _, id := range o.Out {
-			*gen++
-			if err := r.write(id, *gen); err != nil {
-				return err
+		// A view's output is its input's storage, unchanged; every other
+		// output gets a fresh pattern.
+		if layer.Classify(it, o) != layer.KindView {
+			for _, id := range o.Out {
+				*gen++
+				if err := r.write(id, *gen); err != nil {
+					return err
+				}
 			}
 		}
 		if err := x.After(&op); err != nil {
@@ -316,6 +337,31 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 		r.rep.PlanErrors = append(r.rep.PlanErrors, res.PlanError.Error())
 	}
 	return nil
+}
+
+// recomputeOf is op i's Recompute: the inputs still hold what they held
+// when it ran (the Engine kept them), and its output gets the pattern of
+// generation gen, which it wrote then, again.
+func (r *runner) recomputeOf(o *trace.Op, i int, gen uint64) func() error {
+	ins := make([]*live, len(o.In))
+	for x, id := range o.In {
+		ins[x] = r.tensors[id]
+	}
+	inGen := make([]uint64, len(ins))
+	for x, l := range ins {
+		inGen[x] = l.gen
+	}
+	out, id := r.tensors[o.Out[0]], o.Out[0]
+	return func() error {
+		for x, l := range ins {
+			if l.gen != inGen[x] {
+				r.fail(fmt.Sprintf("recompute of op %d: input %d was written since", i, o.In[x]))
+			}
+			r.verifyLive(l, o.In[x], i)
+		}
+		r.rep.Recomputes++
+		return r.writeLive(out, id, gen)
+	}
 }
 
 // get returns the live storage id, allocating it on first sight.
@@ -370,7 +416,11 @@ func fill(b []byte, id trace.TensorID, gen uint64) {
 }
 
 func (r *runner) write(id trace.TensorID, gen uint64) error {
-	l := r.tensors[id]
+	return r.writeLive(r.tensors[id], id, gen)
+}
+
+// writeLive writes the pattern of (id, gen) into l's tensor.
+func (r *runner) writeLive(l *live, id trace.TensorID, gen uint64) error {
 	n := int(l.t.Size())
 	if cap(r.buf) < n {
 		r.buf = make([]byte, n)
@@ -381,8 +431,10 @@ func (r *runner) write(id trace.TensorID, gen uint64) error {
 	return r.dev.WriteDevice(l.t.Ptr(), b)
 }
 
-func (r *runner) verify(id trace.TensorID, op int) {
-	l := r.tensors[id]
+func (r *runner) verify(id trace.TensorID, op int) { r.verifyLive(r.tensors[id], id, op) }
+
+// verifyLive checks that l's tensor holds the pattern written last.
+func (r *runner) verifyLive(l *live, id trace.TensorID, op int) {
 	n := int(l.t.Size())
 	if cap(r.buf) < n {
 		r.buf = make([]byte, n)

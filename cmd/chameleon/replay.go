@@ -29,6 +29,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	recompute := fs.Bool("recompute", false, "let the Engine drop tensors of ops that can run again and recompute them (each recompute verified)")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	cfg := detectionFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -80,7 +81,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--device %q: want host or cuda", *devName)
 	}
 	defer dev.Close()
-	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: []chameleon.Option{chameleon.WithDetection(*cfg)}}
+	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: []chameleon.Option{chameleon.WithDetection(*cfg)},
+		Recompute: *recompute}
 	if !*quiet {
 		rc.Progress = stderr
 	}
@@ -105,7 +107,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, ", device peak %d", p)
 		}
 		fmt.Fprintln(stdout)
-		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns)
+		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
 		fmt.Fprintf(stdout, "policies planned %d, cache hits %d\nstages %s\n", rep.Replans, rep.CacheHits, strings.Join(rep.Stages, " "))
 	}
 	if rep.FailedUses > 0 {
