@@ -70,6 +70,7 @@ type options struct {
 	arch          string
 	hostReserve   string
 	verify        bool
+	recompute     bool
 	phaseTimes    bool
 	quiet         bool
 }
@@ -103,6 +104,7 @@ func parse(args []string, out io.Writer) (*options, error) {
 	fs.StringVar(&o.hostReserve, "host-reserve", "0", "pinned host bytes to reserve up front for swapped tensors (0: grow on first need, during warm-up)")
 	fs.BoolVar(&o.phaseTimes, "phase-times", false, "wait for the device at the end of each forward and report forward and backward times apart (one more sync per step)")
 	fs.BoolVar(&o.verify, "verify", false, "run the unlimited baseline for all --steps and compare the loss curves bit for bit")
+	fs.BoolVar(&o.recompute, "recompute", false, "let the Engine drop activations of the forward's ops and run the ops again before their use, beside swaps")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -210,7 +212,7 @@ func run(args []string, out io.Writer) error {
 		lr = DefaultLR(m.Width)
 	}
 	cfg := Config{Model: m, Steps: o.steps, LR: lr, Momentum: float32(o.momentum), Seed: o.seed,
-		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est, PhaseSync: o.phaseTimes}
+		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est, PhaseSync: o.phaseTimes, Recompute: o.recompute}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
 	}
@@ -284,9 +286,9 @@ func run(args []string, out io.Writer) error {
 
 func printStep(out io.Writer, s Step, dynamic bool) {
 	r := s.Result
-	line := fmt.Sprintf("step %4d  loss %.6f  %9.2f ms  peak %9s  swapped out %.4f GB in %.4f GB  %-10s  swaps %d/%d on-demand %d",
+	line := fmt.Sprintf("step %4d  loss %.6f  %9.2f ms  peak %9s  swapped out %.4f GB in %.4f GB  %-10s  swaps %d/%d on-demand %d recomputes %d",
 		s.Index, s.Loss, float64(s.Time.Microseconds())/1000, bytesStr(s.Peak), float64(s.Out)/1e9, float64(s.In)/1e9,
-		r.Stage, r.SwapsOut, r.SwapsIn, r.OnDemand)
+		r.Stage, r.SwapsOut, r.SwapsIn, r.OnDemand, s.Recomputes)
 	if dynamic {
 		line += fmt.Sprintf("  pattern %d ops %d changed=%v planned=%v cache_hit=%v", s.Pattern, r.Ops, r.Detect.Changed, r.Planned, r.CacheHit)
 		if r.Detect.Changed {
@@ -337,8 +339,8 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 		fmt.Fprintf(out, "  swapped per step (%s): %.3f GB out, %.3f GB in; total %.3f GB out\n",
 			what, float64(out_)/float64(n)/1e9, float64(in_)/float64(n)/1e9, float64(st.SwappedOutBytes)/1e9)
 	}
-	fmt.Fprintf(out, "  engine: %d policies planned, %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out\n",
-		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut)
+	fmt.Fprintf(out, "  engine: %d policies planned, %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out, %d recomputes\n",
+		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut, st.Recomputes)
 	if k := len(rep.Sims); k > 0 {
 		sim := rep.Sims[k-1]
 		fmt.Fprintf(out, "  simulator (last policy, op times fitted to the unlimited step): predicted %.2f ms = %.2f ms compute + %.2f ms stalls; measured %.2f ms\n",

@@ -113,6 +113,8 @@ type net struct {
 
 	// shapes, shared by every tensor of that shape
 	shBH, shBF, shBO, shBD, shBT, shScalar []int64
+	// recompute: forward ops hand the Engine their kernel to run again.
+	recompute bool
 }
 
 // mix derives independent seeds from the run's seed: one per parameter,
@@ -219,8 +221,16 @@ func (n *net) act(shape []int64) (*chameleon.Tensor, error) {
 // (queuing waits on the compute stream), kernel queues the work, reading
 // addresses with Ptr now, inside the op, because a tensor swapped out and
 // back may sit at a new address; After lets the Engine start swap-outs.
+//
+// With recompute on, a forward op hands the Engine its kernel as Recompute:
+// the kernel reads and writes through the handles it captured, so running
+// it again makes the same output from the same inputs (the kernels are
+// deterministic and draw no random numbers).
 func (n *net) run(name, module string, phase trace.Phase, in, out []*chameleon.Tensor, kernel func() error) error {
 	n.op = chameleon.Op{Name: name, Module: module, Phase: phase, In: append(n.op.In[:0], in...), Out: append(n.op.Out[:0], out...)}
+	if n.recompute && phase == trace.PhaseForward {
+		n.op.Recompute = kernel
+	}
 	if err := n.it.Before(&n.op); err != nil {
 		return err
 	}
@@ -299,8 +309,9 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	if err != nil {
 		return fail(err)
 	}
-	if err := n.run("aten::mm", "stem", fwd, ts(x, n.win.w), ts(h), func() error {
-		return n.k.Gemm(false, false, B, H, D, 1, x.Ptr(), n.win.w.Ptr(), 0, h.Ptr())
+	h0 := h // h moves on with the blocks; a kernel run again writes this one
+	if err := n.run("aten::mm", "stem", fwd, ts(x, n.win.w), ts(h0), func() error {
+		return n.k.Gemm(false, false, B, H, D, 1, x.Ptr(), n.win.w.Ptr(), 0, h0.Ptr())
 	}); err != nil {
 		return fail(err)
 	}
@@ -310,12 +321,13 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 			continue
 		}
 		b := &n.blocks[l]
+		in := h // the block's input, fixed for a kernel run again
 		a, err := n.act(n.shBF)
 		if err != nil {
 			return fail(err)
 		}
-		if err := n.run("aten::mm", b.fc1, fwd, ts(h, b.w1.w), ts(a), func() error {
-			return n.k.Gemm(false, false, B, F, H, 1, h.Ptr(), b.w1.w.Ptr(), 0, a.Ptr())
+		if err := n.run("aten::mm", b.fc1, fwd, ts(in, b.w1.w), ts(a), func() error {
+			return n.k.Gemm(false, false, B, F, H, 1, in.Ptr(), b.w1.w.Ptr(), 0, a.Ptr())
 		}); err != nil {
 			return fail(err)
 		}
@@ -344,15 +356,15 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 		if err != nil {
 			return fail(err)
 		}
-		if err := n.run("aten::add", b.res, fwd, ts(h, z), ts(hn), func() error {
-			return n.k.Add(hn.Ptr(), h.Ptr(), z.Ptr(), B*H)
+		if err := n.run("aten::add", b.res, fwd, ts(in, z), ts(hn), func() error {
+			return n.k.Add(hn.Ptr(), in.Ptr(), z.Ptr(), B*H)
 		}); err != nil {
 			return fail(err)
 		}
 		if err := n.release(z); err != nil {
 			return fail(err)
 		}
-		keep[l] = saved{h: h, r: r}
+		keep[l] = saved{h: in, r: r}
 		h = hn
 	}
 	pred, err := n.act(n.shBO)

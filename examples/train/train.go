@@ -54,6 +54,9 @@ type Config struct {
 	// step's forward and backward times are known (Step.Forward). It costs
 	// one more host synchronization per step.
 	PhaseSync bool
+	// Recompute hands the Engine each forward op's kernel to run again, so
+	// that it may drop activations and recompute them instead of swapping.
+	Recompute bool
 	// Options are passed to chameleon.New last.
 	Options []chameleon.Option
 	// Progress, when set, gets each step as it ends.
@@ -72,6 +75,8 @@ type Step struct {
 	// Bytes copied to the host and back during the step, planned and
 	// forced (Result counts only planned swap-outs).
 	Out, In int64
+	// Recomputes is the activations dropped and made again during the step.
+	Recomputes int64
 	// Peak device bytes the Engine's allocator handed out so far.
 	Peak    int64
 	Pattern int // the skip pattern in force (dynamic runs)
@@ -156,6 +161,7 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
+	n.recompute = cfg.Recompute
 	var pats [][]bool
 	if cfg.Dynamic {
 		pats = skipPatterns(cfg.Layers, max(cfg.Patterns, 2), cfg.Seed)
@@ -178,7 +184,8 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 		}
 		st := eng.Stats()
 		s := Step{Index: i, Loss: loss, Time: time.Since(start), Forward: n.fwdEnd.Sub(start), Result: res, Pattern: pat,
-			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes}
+			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes,
+			Recomputes: st.Recomputes - prev.Recomputes}
 		prev = st
 		rep.Steps = append(rep.Steps, s)
 		if pr := res.Plan; res.Planned && pr.Exec != nil {
