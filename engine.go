@@ -107,6 +107,8 @@ type Tensor struct {
 	plan     int32  // index of the planned swap it was matched to, -1
 	rc       int32  // index of the planned recompute it was matched to, -1
 	holds    int32  // recomputes still to run that read it: its memory stays
+	remake   int32  // recomputes still to run that make it again: its handle stays
+	rm       int32  // index of the planned remade input it was matched to, -1
 	feat     match.Features
 	slot     int // index in Engine.live
 }
@@ -114,7 +116,7 @@ type Tensor struct {
 // Ptr is the tensor's device address. Valid inside an op that lists the
 // tensor; it panics on a released tensor, the host's use-after-free.
 func (t *Tensor) Ptr() device.DevPtr {
-	if t.released && t.holds == 0 {
+	if t.released && t.holds == 0 && t.remake == 0 {
 		panic("chameleon: Ptr of a released tensor")
 	}
 	if t.state == dropped {
@@ -324,7 +326,7 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	} else {
 		t = new(Tensor)
 	}
-	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc = e.nextID, size, kind, dtype, shape, -1, -1
+	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc, t.rm = e.nextID, size, kind, dtype, shape, -1, -1, -1
 	e.nextID++
 	e.serial++
 	t.pin = e.serial // not evictable while its own allocation runs
@@ -359,12 +361,32 @@ func (e *Engine) Release(t *Tensor) error {
 	if t.holds > 0 {
 		return nil // freed once the recomputes that read it have run
 	}
+	if t.remake > 0 {
+		// A recompute makes it again later: the memory goes now, the
+		// handle once that recompute has run.
+		return e.drop(t)
+	}
 	return e.free(t)
+}
+
+// drop gives t's memory back but keeps its handle (state dropped).
+func (e *Engine) drop(t *Tensor) error {
+	var err error
+	switch t.state {
+	case resident:
+		err = e.alloc.FreeOn(t.ptr, e.compute)
+	case swappedIn:
+		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	case swapped:
+		err = e.pool.PutAfter(t.host, t.outDone, e.d2h)
+	}
+	t.ptr, t.host, t.state = 0, device.HostBuf{}, dropped
+	return err
 }
 
 // free gives a released tensor's memory back.
 func (e *Engine) free(t *Tensor) error {
-	if t.kind == Activation && (e.policy == nil || (t.plan < 0 && t.rc < 0)) {
+	if t.kind == Activation && (e.policy == nil || (t.plan < 0 && t.rc < 0 && t.rm < 0)) {
 		// A tensor a policy matched is not reused: the policy may still
 		// point at it. Nor are persistent handles: cached policies name
 		// them directly.

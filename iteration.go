@@ -157,13 +157,16 @@ func (it *Iteration) After(op *Op) error {
 			t.feat = features(uint64(t.ptr), stack, tok, t.shape)
 			if p != nil {
 				if k, _ := p.matcher.Match(t.feat); k >= 0 {
-					if sw := p.matchSwap[k]; sw >= 0 {
+					for _, sw := range p.matchSwap[k] {
 						p.live[sw], t.plan = t, sw
 						p.matched++
 					}
-					if rc := p.matchRC[k]; rc >= 0 {
+					for _, rc := range p.matchRC[k] {
 						p.rlive[rc].x, t.rc = t, rc
 						p.matched++
+					}
+					if rm := p.matchRM[k]; rm >= 0 {
+						p.rmlive[rm].x, t.rm = t, rm
 					}
 				}
 			}

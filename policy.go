@@ -30,9 +30,9 @@ type policy struct {
 	outAt   map[int][]int32
 	inAt    map[int][]int32
 	matcher *match.Matcher
-	// Per matcher index, the swap and the recompute of that tensor (-1:
-	// none).
-	matchSwap, matchRC []int32
+	// Per matcher index, the swaps and recomputes of that tensor (over
+	// different gaps).
+	matchSwap, matchRC [][]int32
 	live               []*Tensor
 	matched            int
 	// recomputes are the tensors dropped and made again, rtensors what
@@ -42,6 +42,16 @@ type policy struct {
 	rtensors              []plannedTensor
 	rlive                 []rcLive
 	prodAt, dropAt, recAt map[int][]int32
+	// remade are the inputs recomputes make again, one slot per tensor:
+	// what matches them, their producer, how many recomputes use each, and
+	// per recompute its slots.
+	remade   []simulate.Remade
+	mtensors []plannedTensor
+	rmlive   []rmLive
+	rmProdAt map[int][]int32
+	rmUsers  []int
+	rcRemade [][]int32
+	matchRM  []int32 // per matcher index, its remade slot, -1
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -71,7 +81,7 @@ func features(ptr, stack uint64, producer seq.Token, shape []int64) match.Featur
 // among the swaps), and so may ip (issue each copy at the plan's Out and
 // In) and rcs.
 func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.Swap, tensors []plannedTensor, fixed []*Tensor,
-	ip *simulate.IssuePlan, rcs []simulate.Recompute, rtensors []plannedTensor) *policy {
+	ip *simulate.IssuePlan, rcs []simulate.Recompute, rtensors, mtensors []plannedTensor) *policy {
 	if fixed == nil {
 		fixed = make([]*Tensor, len(swaps))
 	}
@@ -79,7 +89,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		ip = simulate.Issue(swaps, nil)
 	}
 	p := &policy{key: key, swaps: swaps, tensors: tensors, fixed: fixed,
-		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps)), rtensors: rtensors}
+		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps)), rtensors: rtensors, mtensors: mtensors}
 	// Copy streams run copies in issue order: the plan's issue order (when,
 	// and in which order, its simulation started them) makes the streams
 	// run the planned schedule.
@@ -100,16 +110,21 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		}
 		entry[id] = len(mf)
 		mf = append(mf, t.features(v))
-		p.matchSwap, p.matchRC = append(p.matchSwap, -1), append(p.matchRC, -1)
+		p.matchSwap, p.matchRC, p.matchRM = append(p.matchSwap, nil), append(p.matchRC, nil), append(p.matchRM, -1)
 		return len(mf) - 1
 	}
 	for i := range swaps {
 		if fixed[i] == nil {
-			p.matchSwap[add(swaps[i].Tensor, &tensors[i])] = int32(i)
+			x := add(swaps[i].Tensor, &tensors[i])
+			p.matchSwap[x] = append(p.matchSwap[x], int32(i))
 		}
 	}
 	for k := range rcs {
-		p.matchRC[add(rcs[k].Tensor, &rtensors[k])] = int32(k)
+		x := add(rcs[k].Tensor, &rtensors[k])
+		p.matchRC[x] = append(p.matchRC[x], int32(k))
+	}
+	for m := range p.remade {
+		p.matchRM[add(p.remade[m].Tensor, &mtensors[m])] = int32(m)
 	}
 	p.matcher = match.New(cfg, mf)
 	return p
@@ -125,6 +140,9 @@ func (p *policy) reset() {
 	clear(p.live)
 	for k := range p.rlive {
 		p.rlive[k] = rcLive{in: p.rlive[k].in[:0]}
+	}
+	for m := range p.rmlive {
+		p.rmlive[m] = rmLive{in: p.rmlive[m].in[:0]}
 	}
 	p.matched = 0
 	for i, t := range p.fixed {
@@ -171,10 +189,18 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	}
 	rcs := slices.Clone(res.Recomputes())
 	rtensors := make([]plannedTensor, len(rcs))
+	var mtensors []plannedTensor
+	seen := map[trace.TensorID]bool{}
 	for k, r := range rcs {
 		rtensors[k] = made(r.Tensor)
+		for _, m := range r.Remade {
+			if !seen[m.Tensor] {
+				seen[m.Tensor] = true
+				mtensors = append(mtensors, made(m.Tensor))
+			}
+		}
 	}
-	return newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors), res, nil
+	return newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors), res, nil
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.

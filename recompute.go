@@ -16,6 +16,16 @@ import (
 // device until the recompute has run, even when the host releases them
 // first: the plan counted them held.
 
+// rmLive is one input that recomputes make again (simulate.Remade): freed
+// by the host before them, its handle is kept, and its producer runs again
+// just before the recompute that reads it.
+type rmLive struct {
+	x     *Tensor
+	in    []*Tensor
+	fn    func() error
+	users int // recomputes of this iteration that still need it
+}
+
 // rcLive is one planned recompute in the current iteration.
 type rcLive struct {
 	x   *Tensor      // the tensor, matched when its producer made it
@@ -31,6 +41,18 @@ func (r *rcLive) captured() bool { return r.x != nil && r.fn != nil }
 // capture records, after op i, what the recomputes of the tensors it made
 // need: the op's inputs (held from now) and its Recompute.
 func (p *policy) capture(i int, op *Op) {
+	for _, m := range p.rmProdAt[i] {
+		s := &p.rmlive[m]
+		if s.x == nil || op.Recompute == nil || s.fn != nil {
+			continue
+		}
+		s.fn, s.users = op.Recompute, p.rmUsers[m]
+		s.in = append(s.in[:0], op.In...)
+		for _, t := range s.in {
+			t.holds++
+		}
+		s.x.remake += int32(s.users)
+	}
 	for _, k := range p.prodAt[i] {
 		r := &p.rlive[k]
 		if r.x == nil || op.Recompute == nil || r.fn != nil {
@@ -51,13 +73,14 @@ func (it *Iteration) drop(p *policy, i int) error {
 	for _, k := range p.dropAt[i] {
 		r := &p.rlive[k]
 		x := r.x
-		if !r.captured() || r.ran || x.released || x.state != resident {
+		if !r.captured() || r.ran || x.released || x.state == dropped {
 			continue
 		}
-		if err := e.alloc.FreeOn(x.ptr, e.compute); err != nil {
+		// Resident, arriving or swapped out (forced), its bytes go.
+		if err := e.drop(x); err != nil {
 			return fmt.Errorf("chameleon: drop tensor %d: %w", x.id, err)
 		}
-		x.ptr, x.state = 0, dropped
+		x.rc = k // the recompute for this gap
 		it.drops++
 	}
 	return nil
@@ -81,8 +104,12 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 	}
 	for _, t := range r.in {
 		switch {
-		case t.state == dropped && t.rc >= 0:
+		case t.state == dropped && t.rc >= 0 && p.rlive[t.rc].x == t && !p.rlive[t.rc].ran:
 			if err := it.recompute(p, t.rc); err != nil {
+				return err
+			}
+		case t.state == dropped && t.rm >= 0:
+			if err := it.remake(p, t.rm); err != nil {
 				return err
 			}
 		case t.state == swapped:
@@ -109,7 +136,76 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 	}
 	it.recomputes++
 	e.stats.Recomputes++
+	// Inputs made again only for this go again (the host released them).
+	for _, m := range p.rcRemade[k] {
+		if y := p.rmlive[m].x; y != nil && y.released && y.state == resident {
+			if err := e.alloc.FreeOn(y.ptr, e.compute); err != nil {
+				return err
+			}
+			y.ptr, y.state = 0, dropped
+		}
+	}
 	return p.finish(e, k)
+}
+
+// remake makes input slot m again by running its producer.
+func (it *Iteration) remake(p *policy, m int32) error {
+	e := it.eng
+	s := &p.rmlive[m]
+	x := s.x
+	if x.state != dropped {
+		return nil
+	}
+	if s.fn == nil {
+		return fmt.Errorf("chameleon: tensor %d was freed and cannot be made again", x.id)
+	}
+	x.pin = e.serial
+	for _, t := range s.in {
+		t.pin = e.serial
+	}
+	for _, t := range s.in {
+		if err := it.resident1(p, t); err != nil {
+			return err
+		}
+	}
+	ptr, err := e.allocate(x.size, e.compute)
+	if err != nil {
+		return fmt.Errorf("chameleon: remake tensor %d: %w", x.id, err)
+	}
+	x.ptr, x.state = ptr, resident
+	if err := s.fn(); err != nil {
+		return fmt.Errorf("chameleon: remake tensor %d: %w", x.id, err)
+	}
+	it.recomputes++
+	e.stats.Recomputes++
+	return nil
+}
+
+// resident1 brings one input of a recompute or remake onto the device.
+func (it *Iteration) resident1(p *policy, t *Tensor) error {
+	e := it.eng
+	switch {
+	case t.state == dropped && t.rc >= 0 && p.rlive[t.rc].x == t && !p.rlive[t.rc].ran:
+		if err := it.recompute(p, t.rc); err != nil {
+			return err
+		}
+	case t.state == swapped:
+		if _, err := e.swapIn(t, true); err != nil {
+			return err
+		}
+		it.onDemand++
+		e.stats.OnDemandIn++
+	}
+	if t.state == swappedIn {
+		if err := e.dev.StreamWait(e.compute, t.ready); err != nil {
+			return err
+		}
+		t.state = resident
+	}
+	if t.state != resident {
+		return fmt.Errorf("chameleon: tensor %d is not on the device for a recompute", t.id)
+	}
+	return nil
 }
 
 // finish ends recompute k: its inputs are held no longer.
@@ -120,14 +216,37 @@ func (p *policy) finish(e *Engine, k int32) error {
 	}
 	r.ran = true
 	var err error
+	keep := func(ferr error) {
+		if err == nil {
+			err = ferr
+		}
+	}
 	for _, t := range r.in {
-		if t.holds--; t.holds == 0 && t.released {
-			if ferr := e.free(t); err == nil {
-				err = ferr
-			}
+		if t.holds--; t.holds == 0 && t.released && t.remake == 0 {
+			keep(e.free(t))
 		}
 	}
 	r.in = r.in[:0]
+	for _, m := range p.rcRemade[k] {
+		s := &p.rmlive[m]
+		if s.fn == nil || s.users == 0 {
+			continue
+		}
+		s.users--
+		if y := s.x; y != nil {
+			if y.remake--; y.remake == 0 && y.released && y.holds == 0 {
+				keep(e.free(y))
+			}
+		}
+		if s.users == 0 {
+			for _, t := range s.in {
+				if t.holds--; t.holds == 0 && t.released && t.remake == 0 {
+					keep(e.free(t))
+				}
+			}
+			s.in = s.in[:0]
+		}
+	}
 	return err
 }
 
@@ -148,6 +267,17 @@ func (it *Iteration) settle(p *policy) error {
 			return err
 		}
 	}
+	for m := range p.rmlive {
+		if y := p.rmlive[m].x; y != nil && y.remake > 0 {
+			// Its recomputes never captured: nothing will make it again.
+			y.remake = 0
+			if y.released && y.holds == 0 {
+				if err := it.eng.free(y); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	return nil
 }
 
@@ -156,12 +286,27 @@ func (it *Iteration) settle(p *policy) error {
 func (p *policy) indexRecomputes(rcs []simulate.Recompute) {
 	p.recomputes = rcs
 	p.rlive = make([]rcLive, len(rcs))
-	p.prodAt, p.dropAt, p.recAt = map[int][]int32{}, map[int][]int32{}, map[int][]int32{}
+	p.prodAt, p.dropAt, p.recAt, p.rmProdAt = map[int][]int32{}, map[int][]int32{}, map[int][]int32{}, map[int][]int32{}
+	p.rcRemade = make([][]int32, len(rcs))
+	slot := map[trace.TensorID]int32{}
 	for k, r := range rcs {
 		p.prodAt[r.Op] = append(p.prodAt[r.Op], int32(k))
 		p.dropAt[r.Drop] = append(p.dropAt[r.Drop], int32(k))
 		p.recAt[r.Before] = append(p.recAt[r.Before], int32(k))
+		for _, m := range r.Remade {
+			x, ok := slot[m.Tensor]
+			if !ok {
+				x = int32(len(p.remade))
+				slot[m.Tensor] = x
+				p.remade = append(p.remade, m)
+				p.rmUsers = append(p.rmUsers, 0)
+				p.rmProdAt[m.Op] = append(p.rmProdAt[m.Op], x)
+			}
+			p.rmUsers[x]++
+			p.rcRemade[k] = append(p.rcRemade[k], x)
+		}
 	}
+	p.rmlive = make([]rmLive, len(p.remade))
 }
 
 // recomputable marks the profiled ops whose host handed the Engine a way to

@@ -57,7 +57,7 @@ func recomputable(it *trace.Iteration, op *trace.Op) bool {
 type rcand struct {
 	simulate.Recompute
 	cost   float64          // the producer's time, µs
-	inputs []trace.TensorID // the producer's inputs: resident at Before
+	inputs []trace.TensorID // what must be resident at Before: the producer's inputs, remade ones' inputs for them
 	net    int64            // bytes saved less the inputs held for it
 	next   int              // the tensor's next use: Before unless a reader came first
 }
@@ -99,6 +99,30 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 		}
 		return true
 	}
+	// liveAt reports whether a storage is on the device at op j anyway.
+	liveAt := func(in *memory.Lifetime, j int) bool {
+		return in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j)
+	}
+	// remakeable reports whether an activation freed before op j can be
+	// made again there: its producer may run again, writes it alone, and
+	// reads storages on the device and unchanged at j.
+	remakeable := func(in *memory.Lifetime, j int) (int, []trace.TensorID, bool) {
+		if in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
+			return 0, nil, false
+		}
+		q := in.Alloc
+		op := &it.Ops[q]
+		if !ok[q] || len(op.Out) != 1 || !unwritten(in.Tensor.ID, q, in.Free) {
+			return 0, nil, false
+		}
+		for _, id := range op.In {
+			l := m.Lifetime(id)
+			if l == nil || !liveAt(l, j) || !unwritten(id, q, j) {
+				return 0, nil, false
+			}
+		}
+		return q, op.In, true
+	}
 	var out []rcand
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
@@ -123,17 +147,32 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 			}
 			resident := true
 			var kept []simulate.Kept
+			var remade []simulate.Remade
 			var keptB int64
+			cost := times[p]
+			pins := slices.Clone(inputs)
 			for _, id := range inputs {
 				in := m.Lifetime(id)
 				if in == nil || !unwritten(id, p, j) {
 					resident = false
 					break
 				}
-				if in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j) {
+				if liveAt(in, j) {
 					continue // on the device at j anyway
 				}
-				// Freed before the recompute: hold it until then.
+				// Freed before the recompute: made again just before it, by
+				// its own producer, when that can run there; else held.
+				if q, qin, ok := remakeable(in, j); ok {
+					remade = append(remade, simulate.Remade{Tensor: id, Bytes: in.Bytes, Op: q})
+					cost += times[q]
+					pins = slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id })
+					for _, x := range qin {
+						if !slices.Contains(pins, x) {
+							pins = append(pins, x)
+						}
+					}
+					continue
+				}
 				kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
 				keptB += in.Bytes
 			}
@@ -141,8 +180,8 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 				continue
 			}
 			out = append(out, rcand{
-				Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept},
-				cost:      times[p], inputs: inputs, net: lt.Bytes - keptB, next: j,
+				Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept, Remade: remade},
+				cost:      cost, inputs: pins, net: lt.Bytes - keptB, next: j,
 			})
 		}
 	}

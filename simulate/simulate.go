@@ -134,6 +134,17 @@ type Recompute struct {
 	Drop   int            `json:"dropped_after_op"`
 	Before int            `json:"before_op"`
 	Kept   []Kept         `json:"kept_inputs,omitempty"`
+	// Remade lists the producer's inputs that are freed before Before and
+	// made again for the recompute, by their own producers, just before it.
+	Remade []Remade `json:"remade_inputs,omitempty"`
+}
+
+// Remade is an input made again for a recompute by running its producer,
+// op Op, first; it lives only through the recompute.
+type Remade struct {
+	Tensor trace.TensorID `json:"tensor"`
+	Bytes  int64          `json:"bytes"`
+	Op     int            `json:"op"`
 }
 
 // Kept is an input held past its release for a recompute: its memory counts
@@ -151,6 +162,11 @@ func (r Recompute) Validate(nops int) error {
 	if r.Bytes < 0 || r.Op < 0 || r.Op > r.Drop || r.Drop+1 >= r.Before || r.Before >= nops {
 		return fmt.Errorf("tensor %d: recompute of op %d dropped after %d before %d breaks 0 <= op <= drop < drop+1 < before < %d: %w",
 			r.Tensor, r.Op, r.Drop, r.Before, nops, ErrInvalid)
+	}
+	for _, m := range r.Remade {
+		if m.Bytes < 0 || m.Op < 0 || m.Op >= r.Op {
+			return fmt.Errorf("tensor %d: input %d remade by op %d: want 0 <= op < %d: %w", r.Tensor, m.Tensor, m.Op, r.Op, ErrInvalid)
+		}
 	}
 	for _, k := range r.Kept {
 		if k.Bytes < 0 || k.From <= r.Op || k.From > r.Before {
@@ -535,7 +551,11 @@ func Run(in Input) (*Result, error) {
 		// Recomputes for this op run first, on the compute stream, while
 		// the copies go on.
 		for _, k := range recAt[t] {
-			d := in.OpTimes[in.Recomputes[k].Op]
+			rc := &in.Recomputes[k]
+			d := in.OpTimes[rc.Op]
+			for _, m := range rc.Remade {
+				d += in.OpTimes[m.Op]
+			}
 			advance(now + d)
 			r.RecomputeUS += d
 		}

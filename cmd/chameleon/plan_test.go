@@ -133,7 +133,14 @@ func checkRecomputes(t *testing.T, it *trace.Iteration, rep *planReport, bySeq m
 		require.True(t, p <= i && i+1 < j, "%+v", rc)
 		require.Contains(t, it.Ops[p].Out, rc.Tensor, "the producer makes it: %+v", rc)
 		readBy := func(o simulate.Recompute) bool {
-			return bySeq[o.Before] == j && slices.Contains(it.Ops[bySeq[o.Op]].In, rc.Tensor)
+			if bySeq[o.Before] != j {
+				return false
+			}
+			reads := slices.Contains(it.Ops[bySeq[o.Op]].In, rc.Tensor)
+			for _, m := range o.Remade {
+				reads = reads || slices.Contains(it.Ops[bySeq[m.Op]].In, rc.Tensor)
+			}
+			return reads
 		}
 		require.True(t, touches(&it.Ops[i], rc.Tensor), "%+v", rc)
 		require.True(t, touches(&it.Ops[j], rc.Tensor) || slices.ContainsFunc(rep.Recomputes, readBy),
@@ -142,7 +149,21 @@ func checkRecomputes(t *testing.T, it *trace.Iteration, rep *planReport, bySeq m
 			require.False(t, touches(&it.Ops[o], rc.Tensor), "op %d uses dropped %+v", o, rc)
 			mem[o] -= rc.Bytes
 		}
+		// What must be on the device at the recompute: the producer's
+		// inputs, but for a remade one, its own producer's inputs.
+		var need []trace.TensorID
 		for _, id := range it.Ops[p].In {
+			x := slices.IndexFunc(rc.Remade, func(m simulate.Remade) bool { return m.Tensor == id })
+			if x < 0 {
+				need = append(need, id)
+				continue
+			}
+			q := bySeq[rc.Remade[x].Op]
+			require.Less(t, q, p, "%+v", rc)
+			require.Contains(t, it.Ops[q].Out, id, "the remade input's producer makes it: %+v", rc)
+			need = append(need, it.Ops[q].In...)
+		}
+		for _, id := range need {
 			tn := it.Tensors[id]
 			if !tn.Kind.Persistent() {
 				require.LessOrEqual(t, first[id], j, "input %d of %+v made after it", id, rc)

@@ -142,3 +142,21 @@ func TestDynamicSequence(t *testing.T) {
 	assert.Positive(t, rep.Stats.SwappedOutBytes)
 	t.Logf("%d changes, %d plans, %d cache hits over %d steps", changed, planned, hits, len(rep.Steps))
 }
+
+// TestRecomputeKeepsLossBits: with the forward's kernels handed to the
+// Engine to run again, and a link slow enough that swapping cannot hide,
+// the policies drop activations and recompute them, and the model learns
+// exactly what it learns without the limit, bit for bit.
+func TestRecomputeKeepsLossBits(t *testing.T) {
+	cfg := small(t)
+	free := unlimited(t, newHost(t), cfg)
+	cfg.Limit = free.Stats.PeakDeviceBytes / 2
+	cfg.Recompute = true
+	cfg.Link = 1e8 // 100 MB/s: each swapped activation costs more than its recompute
+	d := newHost(t)
+	rep, err := Train(d, hostKernels(d), cfg)
+	require.NoError(t, err)
+	assert.Positive(t, rep.Stats.Recomputes, "activations were made again")
+	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit)
+	requireSameBits(t, free.Losses(), rep.Losses())
+}
