@@ -153,6 +153,7 @@ func TestRecomputeKeepsLossBits(t *testing.T) {
 	cfg.Limit = free.Stats.PeakDeviceBytes / 2
 	cfg.Recompute = true
 	cfg.Link = 1e8 // 100 MB/s: each swapped activation costs more than its recompute
+	cfg.StepMS = 2 // op times fitted to a fixed step, whatever this machine's speed
 	d := newHost(t)
 	rep, err := Train(d, hostKernels(d), cfg)
 	require.NoError(t, err)
