@@ -2,6 +2,7 @@ package chameleon
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/simulate"
@@ -43,8 +44,8 @@ func (r *rcLive) captured() bool { return r.x != nil && r.fn != nil }
 func (p *policy) capture(i int, op *Op) {
 	for _, m := range p.rmProdAt[i] {
 		s := &p.rmlive[m]
-		if s.x == nil || op.Recompute == nil || s.fn != nil {
-			continue
+		if s.x == nil || op.Recompute == nil || s.fn != nil || !slices.Contains(op.Out, s.x) {
+			continue // matched elsewhere, or no way to run again
 		}
 		s.fn, s.users = op.Recompute, p.rmUsers[m]
 		s.in = append(s.in[:0], op.In...)
@@ -55,8 +56,8 @@ func (p *policy) capture(i int, op *Op) {
 	}
 	for _, k := range p.prodAt[i] {
 		r := &p.rlive[k]
-		if r.x == nil || op.Recompute == nil || r.fn != nil {
-			continue
+		if r.x == nil || op.Recompute == nil || r.fn != nil || !slices.Contains(op.Out, r.x) {
+			continue // matched elsewhere, or no way to run again
 		}
 		r.fn = op.Recompute
 		r.in = append(r.in[:0], op.In...)

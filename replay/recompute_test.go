@@ -26,6 +26,9 @@ func TestReplayRecompute(t *testing.T) {
 		pct   float64
 	}{{testtraces.Small, 1024, 0.85}, {"llama16-bf16.jsonl.gz", 4096, 0.6}, {"mixtral8-eager-bf16.jsonl.gz", 4096, 0.8}} {
 		t.Run(c.name, func(t *testing.T) {
+			if raceEnabled && c.name != testtraces.Small {
+				t.Skip("under the race detector, the bundled trace only")
+			}
 			tr := testtraces.Read(t, c.name)
 			limit := int64(float64(replay.PeakBytes(tr)/c.scale) * c.pct)
 			dev, err := host.New(limit)
