@@ -437,14 +437,11 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	}
 	var best *Policy
 	var bestErr error
-	prev, worse := -1, 0
+	// Every budget is tried: the simulated time is not unimodal in the
+	// budget (a few recomputes can make the swap plan worse, more make it
+	// far better), so stopping early misses the best.
+	prev := -1
 	for _, share := range recomputeBudgets {
-		if worse == 2 && len(best.Recomputes) > 0 {
-			// Two budgets past a best that recomputes: more recompute only
-			// adds compute time. (Past the swap-only plan, small budgets may
-			// be worse and larger ones far better.)
-			break
-		}
 		picked := pickRecomputes(rcs, need, share*base)
 		if len(picked) == prev {
 			continue // the same set as the budget before
@@ -459,9 +456,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			continue
 		}
 		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
-			best, worse = pol, 0
-		} else {
-			worse++
+			best = pol
 		}
 	}
 	if best == nil {

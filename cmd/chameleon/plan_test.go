@@ -444,8 +444,9 @@ const planDocHybrid = `
 ` + "`chameleon plan --recompute --tiers 100`" + `: each saved activation may also be dropped and made again by
 running its producer before its next use, where the op may run again (` + "`mre.Recomputable`" + `: no
 random numbers, no writes into an input, one output). The producer's inputs stay on the device
-until then; an input the trace frees earlier is held for it (counted), and an input that is
-itself dropped is recomputed first, before the same op (a chain). Recomputes run on the simulated
+until then; an input the trace frees earlier is made again first by its own producer where that
+can run there (remade), else held for it (counted), and an input that is itself dropped is
+recomputed first, before the same op (a chain). Recomputes run on the simulated
 compute stream and delay everything after them; the overhead includes their time. The planner
 tries recompute budgets from none (the swap-only plan) to every useful recompute, cheapest per
 byte first, plans swaps for what each leaves and keeps the fastest; the test checks every plan
@@ -460,14 +461,14 @@ const planDocTail = `
 ## Reading it
 
 - Swap and recompute together are the frontier: llama16-bf16 at 80% of its peak costs 1.9%
-  instead of 30.0% with swaps alone, at 60% 10.6% instead of 151.9%, at 45% (checkpointing's own
-  peak, +26% measured) 36.3%; llama16-lora at 45% 9.4%. llama7b-8l at 60% costs 19.0% (at 61%,
-  checkpointing's peak, ` + "`chameleon plan --recompute --tiers 100 --limit 61%`" + ` gives 14.5%; checkpointing
+  instead of 30.0% with swaps alone, at 60% 11.0% instead of 151.9%, at 45% (checkpointing's own
+  peak, +26% measured) 33.5%; llama16-lora at 45% 11.8%. llama7b-8l at 60% costs 16.7% (at 61%,
+  checkpointing's peak, ` + "`chameleon plan --recompute --tiers 100 --limit 61%`" + ` gives 12.1%; checkpointing
   +23%). What is left at 45% on llama16 is link time: the parameters and optimizer state (4.7 GiB)
   and the loss's 2.9 GiB of logits in use leave 0.7 GiB at the peak for everything else, and the
-  tensors no recompute can make (attention's outputs, the casts whose inputs are not kept) go by
-  the link. fp16-scaler at 45% is 124.6% for the same reason.
-
+  tensors no recompute can make (attention's outputs, inputs neither kept nor remade) go by the
+  link. fp16-scaler at 45% is 126.0% for the same reason. These are plans: the executor does not
+  yet run every plan as simulated (docs/train.md).
 - The tiers are expensive. Planned for the limit alone, llama16-bf16 at 90% of its peak costs
   0.5% and at 80% 30.0% (the bound: 0.0% and 29.9%); what the Engine runs, planned for 90% of
   those limits, costs 27.3% and 77.8%, because each tier is a deeper cut and deeper cuts are
