@@ -43,6 +43,7 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 				return 0, err
 			}
 			e.stats.Evictions++
+			e.it.evictions++
 		}
 		if l := e.cfg.evictLog; l != nil {
 			st := e.alloc.Stats()

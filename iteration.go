@@ -28,6 +28,7 @@ type Iteration struct {
 	swapsOut, swapsIn, onDemand int64
 	bytesOut                    int64
 	drops, recomputes           int64
+	evictions, deferrals        int64
 	// hostRecompute marks, per profiled op, whether the host gave it a
 	// Recompute.
 	hostRecompute []bool
@@ -75,6 +76,7 @@ func (it *Iteration) Before(op *Op) error {
 			}
 			if !ok {
 				kept = append(kept, k)
+				it.deferrals++
 				continue
 			}
 			it.swapsIn++
@@ -229,6 +231,13 @@ type Result struct {
 	BytesOut int64
 	// Drops and Recomputes count the tensors dropped and made again.
 	Drops, Recomputes int64
+	// Evictions counts swap-outs forced by a failed allocation, Deferrals
+	// the times a planned prefetch found no free block at its op and was
+	// tried again later.
+	Evictions, Deferrals int64
+	// SimulatedMS is the step time the simulator predicts for the policy
+	// this iteration ran (0 when none, or one loaded from a file).
+	SimulatedMS float64
 	// SettleError is why the end of the iteration could not make again a
 	// tensor still dropped, if it could not.
 	SettleError error
@@ -262,7 +271,10 @@ func (it *Iteration) End() Result {
 
 	r := Result{Index: it.index, Ops: prof.Len, Stage: res.Stage, Detect: res,
 		SwapsOut: it.swapsOut, SwapsIn: it.swapsIn, OnDemand: it.onDemand, BytesOut: it.bytesOut,
-		Drops: it.drops, Recomputes: it.recomputes, SettleError: settleErr}
+		Drops: it.drops, Recomputes: it.recomputes, SettleError: settleErr, Evictions: it.evictions, Deferrals: it.deferrals}
+	if p := e.policy; p != nil {
+		r.SimulatedMS = p.simMS
+	}
 	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
 	obs := observation{key: key, changed: res.Changed, profiled: it.detail != nil,
 		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
@@ -287,6 +299,9 @@ func (it *Iteration) End() Result {
 	if d.plan {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
 		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, key)
+		if err == nil && pr.Exec != nil {
+			pol.simMS = pr.Exec.IterationUS / 1000
+		}
 		r.Plan = pr
 		e.life.planned(err == nil)
 		if err != nil {

@@ -52,6 +52,7 @@ type policy struct {
 	rmUsers  []int
 	rcRemade [][]int32
 	matchRM  []int32 // per matcher index, its remade slot, -1
+	simMS    float64 // the simulated step of the plan, as the executor issues it
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device

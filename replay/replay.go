@@ -62,10 +62,27 @@ type Report struct {
 	Recomputes      int64              `json:"recomputes"`
 	Evictions       int64              `json:"evictions"`
 	PlanErrors      []string           `json:"plan_errors,omitempty"`
+	PerIteration    []IterationReport  `json:"per_iteration"`
 	Results         []chameleon.Result `json:"-"`
 	Failures        []string           `json:"failures,omitempty"`
 	Stats           chameleon.Stats    `json:"-"`
 	Engine          *chameleon.Engine  `json:"-"`
+}
+
+// IterationReport is what one replayed iteration did.
+type IterationReport struct {
+	Round              int    `json:"round"`
+	Iter               int    `json:"iter"`
+	Stage              string `json:"stage"`
+	PlannedSwaps       int64  `json:"planned_swaps"`
+	PlannedRecomputes  int64  `json:"planned_recomputes"`
+	OnDemandSwapIns    int64  `json:"on_demand_swap_ins"`
+	Evictions          int64  `json:"evictions"`
+	DeferredPrefetches int64  `json:"deferred_prefetches"`
+	SwappedBytes       int64  `json:"swapped_bytes"`
+	// SimulatedMS is the simulator's step for the policy in force; there is
+	// no measured step on the host backend (its kernels are memcpys).
+	SimulatedMS float64 `json:"simulated_ms,omitempty"`
 }
 
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
@@ -216,6 +233,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	}
 	var gen uint64
 	for round := range cfg.Rounds {
+		r.round = round
 		for k, it := range tr.Iterations {
 			if err := r.iteration(it, frees[k], &gen); err != nil {
 				return rep, fmt.Errorf("replay: round %d iteration %d: %w", round, it.Index, err)
@@ -259,6 +277,7 @@ type runner struct {
 	want    []byte
 	// recompute: ops that may run again get a Recompute (Config.Recompute).
 	recompute bool
+	round     int // the round being replayed
 }
 
 func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *uint64) error {
@@ -332,6 +351,9 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 	}
 	res := x.End()
 	r.rep.Results = append(r.rep.Results, res)
+	r.rep.PerIteration = append(r.rep.PerIteration, IterationReport{Round: r.round, Iter: it.Index, Stage: res.Stage.String(),
+		PlannedSwaps: res.SwapsOut, PlannedRecomputes: res.Recomputes, OnDemandSwapIns: res.OnDemand, Evictions: res.Evictions,
+		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS})
 	r.rep.Stages = append(r.rep.Stages, res.Stage.String())
 	if res.PlanError != nil {
 		r.rep.PlanErrors = append(r.rep.PlanErrors, res.PlanError.Error())
