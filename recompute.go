@@ -104,27 +104,8 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 		t.pin = e.serial
 	}
 	for _, t := range r.in {
-		switch {
-		case t.state == dropped && t.rc >= 0 && p.rlive[t.rc].x == t && !p.rlive[t.rc].ran:
-			if err := it.recompute(p, t.rc); err != nil {
-				return err
-			}
-		case t.state == dropped && t.rm >= 0:
-			if err := it.remake(p, t.rm); err != nil {
-				return err
-			}
-		case t.state == swapped:
-			if _, err := e.swapIn(t, true); err != nil {
-				return err
-			}
-			it.onDemand++
-			e.stats.OnDemandIn++
-		}
-		if t.state == swappedIn {
-			if err := e.dev.StreamWait(e.compute, t.ready); err != nil {
-				return err
-			}
-			t.state = resident
+		if err := it.resident1(p, t); err != nil {
+			return err
 		}
 	}
 	ptr, err := e.allocate(x.size, e.compute)
@@ -182,12 +163,18 @@ func (it *Iteration) remake(p *policy, m int32) error {
 	return nil
 }
 
-// resident1 brings one input of a recompute or remake onto the device.
+// resident1 brings one input of a recompute or remake onto the device:
+// made again if it is dropped (a chain) or freed (remade), brought back if
+// swapped.
 func (it *Iteration) resident1(p *policy, t *Tensor) error {
 	e := it.eng
 	switch {
 	case t.state == dropped && t.rc >= 0 && p.rlive[t.rc].x == t && !p.rlive[t.rc].ran:
 		if err := it.recompute(p, t.rc); err != nil {
+			return err
+		}
+	case t.state == dropped && t.rm >= 0:
+		if err := it.remake(p, t.rm); err != nil {
 			return err
 		}
 	case t.state == swapped:
