@@ -16,6 +16,9 @@ import (
 // after every idle tensor the Engine may move has been swapped out.
 var ErrOutOfMemory = errors.New("chameleon: out of device memory")
 
+// ErrClosed is returned by every call on an Engine after Close.
+var ErrClosed = errors.New("chameleon: engine closed")
+
 // Kind says what a tensor is, and so how the Engine may move it.
 type Kind uint8
 
@@ -102,13 +105,14 @@ type Tensor struct {
 	outDone  device.Event // copy out done (state swapped)
 	produced bool
 	released bool
-	pin      uint64 // op serial during which it must stay resident
-	lastUse  uint64 // op serial of its last use: the eviction order
-	plan     int32  // index of the planned swap it was matched to, -1
-	rc       int32  // index of the planned recompute it was matched to, -1
-	holds    int32  // recomputes still to run that read it: its memory stays
-	remake   int32  // recomputes still to run that make it again: its handle stays
-	rm       int32  // index of the planned remade input it was matched to, -1
+	pin      uint64  // op serial during which it must stay resident
+	lastUse  uint64  // op serial of its last use: the eviction order
+	plan     int32   // index of the planned swap it was matched to, -1
+	rc       int32   // index of the planned recompute it was matched to, -1
+	holds    int32   // recomputes still to run that read it: its memory stays
+	remake   int32   // recomputes still to run that make it again: its handle stays
+	rm       int32   // index of the planned remade input it was matched to, -1
+	eng      *Engine // the Engine that made it
 	feat     match.Features
 	slot     int // index in Engine.live
 }
@@ -164,6 +168,7 @@ type Engine struct {
 	policy  *policy
 	cache   *policyCache
 	life    lifecycle
+	closed  bool
 	it      Iteration
 	stats   Stats
 	onClose []func() error
@@ -283,6 +288,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 // Close releases the Engine's streams, events and memory pools. Tensors
 // still held are invalid afterwards.
 func (e *Engine) Close() error {
+	e.closed = true
 	var errs []error
 	for i := len(e.onClose) - 1; i >= 0; i-- {
 		errs = append(errs, e.onClose[i]())
@@ -314,6 +320,9 @@ func (e *Engine) Device() device.Device { return e.dev }
 // are allocated by the host right before the op that produces them (listed
 // in its Out); persistent tensors at any time.
 func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (*Tensor, error) {
+	if e.closed {
+		return nil, ErrClosed
+	}
 	if size <= 0 || size > e.cfg.limit {
 		// Larger than the limit can never be resident; refusing it here
 		// also keeps the allocator's block rounding from overflowing.
@@ -326,7 +335,7 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	} else {
 		t = new(Tensor)
 	}
-	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc, t.rm = e.nextID, size, kind, dtype, shape, -1, -1, -1
+	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc, t.rm, t.eng = e.nextID, size, kind, dtype, shape, -1, -1, -1, e
 	e.nextID++
 	e.serial++
 	t.pin = e.serial // not evictable while its own allocation runs
@@ -353,6 +362,12 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 func (e *Engine) Release(t *Tensor) error {
 	if t == nil || t.released {
 		return nil
+	}
+	if e.closed {
+		return ErrClosed
+	}
+	if t.eng != e {
+		return fmt.Errorf("chameleon: release tensor %d: it belongs to another Engine", t.id)
 	}
 	t.released = true
 	if p := e.policy; p != nil && t.state == dropped && t.rc >= 0 {

@@ -2,6 +2,7 @@ package chameleon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -15,7 +16,10 @@ import (
 
 // Iteration is one pass of the host's loop through the Engine.
 type Iteration struct {
-	eng    *Engine
+	eng *Engine
+	// err, when set, is why the iteration cannot run: every call returns it.
+	err    error
+	active bool // between Begin and End
 	index  int
 	op     int
 	start  int64 // clock at Begin, ns
@@ -38,7 +42,16 @@ type Iteration struct {
 // Engine: it is valid until End.
 func (e *Engine) Begin() *Iteration {
 	it := &e.it
-	*it = Iteration{eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
+	switch {
+	case e.closed:
+		it.err = ErrClosed
+		return it
+	case it.active:
+		// The iteration under way stays as it is; this one cannot run.
+		it.err = errors.New("chameleon: Begin before the iteration under way ended")
+		return it
+	}
+	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
 		hostRecompute: it.hostRecompute[:0]}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
 	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
@@ -54,6 +67,9 @@ func (e *Engine) Begin() *Iteration {
 // compute stream, not on the host) and the swap-ins the policy issues at
 // this op are started.
 func (it *Iteration) Before(op *Op) error {
+	if err := it.check(op); err != nil {
+		return err
+	}
 	e := it.eng
 	e.serial++
 	for _, t := range op.In {
@@ -131,6 +147,9 @@ func (it *Iteration) resident(op *Op, ts []*Tensor) error {
 
 // After records op and starts the swap-outs the policy schedules after it.
 func (it *Iteration) After(op *Op) error {
+	if err := it.check(op); err != nil {
+		return err
+	}
 	e := it.eng
 	var fresh int64
 	for _, t := range op.Out {
@@ -241,7 +260,11 @@ type Result struct {
 	// SettleError is why the end of the iteration could not make again a
 	// tensor still dropped, if it could not.
 	SettleError error
-	PlanError   error // why planning found no policy, if it ran and failed
+	// Err is why the iteration could not run at all: the Engine was closed,
+	// Begin came again before End, or End without Begin. Nothing else in
+	// the Result is set then.
+	Err       error
+	PlanError error // why planning found no policy, if it ran and failed
 	// Plan is what the planning path made of this iteration's profile, when
 	// it ran: the memory model, groups, op times, the policy and its
 	// simulation as the executor issues it. Nil otherwise.
@@ -252,6 +275,18 @@ type Result struct {
 // Plan and Simulate the next policy (or adopt a cached one).
 func (it *Iteration) End() Result {
 	e := it.eng
+	if it.err != nil || !it.active || e.closed {
+		err := it.err
+		switch {
+		case e.closed:
+			err = ErrClosed
+		case err == nil:
+			err = errors.New("chameleon: End without Begin")
+		}
+		it.err = nil // a Begin twice is reported once; the iteration under way goes on
+		return Result{Index: it.index, Err: err}
+	}
+	it.active = false
 	var settleErr error
 	if e.policy != nil {
 		settleErr = it.settle(e.policy)
@@ -327,4 +362,30 @@ func (it *Iteration) End() Result {
 	it.span.End()
 	e.stats.Iterations++
 	return r
+}
+
+// check refuses an op the iteration cannot run: after Close, a second
+// Begin, a nil op, a nil tensor, a tensor of another Engine.
+func (it *Iteration) check(op *Op) error {
+	switch {
+	case it.eng.closed:
+		return ErrClosed
+	case it.err != nil:
+		return it.err
+	case !it.active:
+		return fmt.Errorf("chameleon: op %d outside Begin and End", it.op)
+	case op == nil:
+		return fmt.Errorf("chameleon: op %d is nil", it.op)
+	}
+	for _, ts := range [2][]*Tensor{op.In, op.Out} {
+		for x, t := range ts {
+			if t == nil {
+				return fmt.Errorf("chameleon: op %d (%s): tensor %d of its list is nil", it.op, op.Name, x)
+			}
+			if t.eng != it.eng {
+				return fmt.Errorf("chameleon: op %d (%s): tensor %d belongs to another Engine", it.op, op.Name, t.id)
+			}
+		}
+	}
+	return nil
 }

@@ -1,0 +1,53 @@
+package chameleon_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
+)
+
+// TestMisuseIsAnError: a careless caller gets an error, never a panic or a
+// silent corruption.
+func TestMisuseIsAnError(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	newEngine := func() *chameleon.Engine {
+		e, err := chameleon.New(dev, chameleon.WithMemoryLimit(256<<10))
+		require.NoError(t, err)
+		return e
+	}
+	a, b := newEngine(), newEngine()
+	defer a.Close()
+	defer b.Close()
+	ta, err := a.NewTensor(1024, chameleon.Activation, "uint8", []int64{1024})
+	require.NoError(t, err)
+
+	it := b.Begin()
+	assert.ErrorContains(t, it.Before(nil), "nil")
+	assert.ErrorContains(t, it.Before(&chameleon.Op{Name: "x", In: []*chameleon.Tensor{nil}}), "nil")
+	assert.ErrorContains(t, it.Before(&chameleon.Op{Name: "x", In: []*chameleon.Tensor{ta}}), "another Engine")
+	assert.ErrorContains(t, b.Release(ta), "another Engine")
+
+	again := b.Begin()
+	assert.ErrorContains(t, again.Before(&chameleon.Op{Name: "y"}), "Begin")
+	assert.Error(t, again.End().Err, "the second Begin is reported")
+	assert.NoError(t, it.Before(&chameleon.Op{Name: "y"}), "the iteration under way goes on")
+	assert.NoError(t, it.After(&chameleon.Op{Name: "y"}))
+	assert.NoError(t, it.End().Err)
+	assert.Error(t, it.End().Err, "End without Begin")
+	assert.ErrorContains(t, it.After(&chameleon.Op{Name: "z"}), "outside Begin and End")
+
+	require.NoError(t, a.Release(ta))
+	require.NoError(t, b.Close())
+	_, err = b.NewTensor(1024, chameleon.Activation, "uint8", nil)
+	assert.ErrorIs(t, err, chameleon.ErrClosed)
+	closed := b.Begin()
+	assert.ErrorIs(t, closed.Before(&chameleon.Op{Name: "w"}), chameleon.ErrClosed)
+	assert.ErrorIs(t, closed.After(&chameleon.Op{Name: "w"}), chameleon.ErrClosed)
+	assert.ErrorIs(t, closed.End().Err, chameleon.ErrClosed)
+}
