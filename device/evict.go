@@ -70,14 +70,30 @@ func (a *arena) window(need int64, blocks []Resident, dst []int) ([]int, bool) {
 	if a.budget > 0 {
 		return a.windowPages(need, blocks, dst, movable)
 	}
+	// A run that starts right after a free block is beaten by the one that
+	// starts at that block: same cost, more bytes.
+	first, last := a.cheapestRun(blocks, movable,
+		func(f *block) bool { return f.prev != nil && f.prev.free },
+		func(_ int, _, _ *block, got int64) bool { return got >= need })
+	if first == nil {
+		return dst, false
+	}
+	return appendRun(dst, first, last), true
+}
+
+// cheapestRun finds, over every segment, the run of adjacent movable or
+// free blocks that is enough (given the segment, the run's ends and the
+// bytes it spans) at the least cost to evict, the least recently used among
+// equals. skip rules out starts that another start beats. It returns nil
+// when no run is enough.
+func (a *arena) cheapestRun(blocks []Resident, movable, skip func(*block) bool,
+	enough func(s int, first, last *block, got int64) bool) (*block, *block) {
 	var bestFirst, bestLast *block
 	var bestCost int64
 	var bestAge uint64
 	for s := range a.segs {
 		for first := a.segs[s].head; first != nil; first = first.next {
-			// A run that starts right after a free block is beaten by the
-			// one that starts at that block: same cost, more bytes.
-			if !movable(first) || (first.prev != nil && first.prev.free) {
+			if !movable(first) || skip(first) {
 				continue
 			}
 			var got, cost int64
@@ -91,7 +107,7 @@ func (a *arena) window(need int64, blocks []Resident, dst []int) ([]int, bool) {
 				if bestFirst != nil && cost > bestCost {
 					break
 				}
-				if got += b.size; got >= need {
+				if got += b.size; enough(s, first, b, got) {
 					if bestFirst == nil || cost < bestCost || (cost == bestCost && age < bestAge) {
 						bestFirst, bestLast, bestCost, bestAge = first, b, cost, age
 					}
@@ -100,18 +116,20 @@ func (a *arena) window(need int64, blocks []Resident, dst []int) ([]int, bool) {
 			}
 		}
 	}
-	if bestFirst == nil {
-		return dst, false
-	}
-	for b := bestFirst; ; b = b.next {
+	return bestFirst, bestLast
+}
+
+// appendRun appends the blocks of first..last that are in use (their index
+// into the caller's blocks), in address order.
+func appendRun(dst []int, first, last *block) []int {
+	for b := first; ; b = b.next {
 		if !b.free {
 			dst = append(dst, int(b.cand-1))
 		}
-		if b == bestLast {
-			break
+		if b == last {
+			return dst
 		}
 	}
-	return dst, true
 }
 
 // windowPages is window on a mapped arena.
@@ -154,45 +172,13 @@ func (a *arena) windowPages(need int64, blocks []Resident, dst []int, movable fu
 		}
 		return n
 	}
-	var bestFirst, bestLast *block
-	var bestCost int64
-	var bestAge uint64
-	for s := range a.segs {
-		seg := &a.segs[s]
-		for first := seg.head; first != nil; first = first.next {
-			if first.free || !movable(first) {
-				continue // a run that starts free frees no more than one that starts after
-			}
-			var cost int64
-			var age uint64
-			for b := first; b != nil && movable(b); b = b.next {
-				if !b.free {
-					r := blocks[b.cand-1]
-					cost += r.Cost
-					age = max(age, r.Age)
-				}
-				if bestFirst != nil && cost > bestCost {
-					break
-				}
-				if freed(seg, used[s], first, b) >= deficit {
-					if bestFirst == nil || cost < bestCost || (cost == bestCost && age < bestAge) {
-						bestFirst, bestLast, bestCost, bestAge = first, b, cost, age
-					}
-					break
-				}
-			}
-		}
-	}
-	if bestFirst != nil {
-		for b := bestFirst; ; b = b.next {
-			if !b.free {
-				dst = append(dst, int(b.cand-1))
-			}
-			if b == bestLast {
-				break
-			}
-		}
-		return dst, true
+	// A run that starts free frees no more than one that starts after.
+	first, last := a.cheapestRun(blocks, movable, func(f *block) bool { return f.free },
+		func(s int, first, last *block, _ int64) bool {
+			return freed(&a.segs[s], used[s], first, last) >= deficit
+		})
+	if first != nil {
+		return appendRun(dst, first, last), true
 	}
 	return a.lruPages(deficit, blocks, dst)
 }
