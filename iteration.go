@@ -118,27 +118,8 @@ func (it *Iteration) resident(op *Op, ts []*Tensor) error {
 		if t.released {
 			return fmt.Errorf("chameleon: op %d (%s) uses released tensor %d", it.op, op.Name, t.id)
 		}
-		if t.state == dropped {
-			// Needed before its planned recompute: made again now.
-			if e.policy == nil || t.rc < 0 {
-				return fmt.Errorf("chameleon: op %d (%s): tensor %d was dropped with no way to make it again", it.op, op.Name, t.id)
-			}
-			if err := it.recompute(e.policy, t.rc); err != nil {
-				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
-			}
-		}
-		if t.state == swapped {
-			if _, err := e.swapIn(t, true); err != nil {
-				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
-			}
-			it.onDemand++
-			e.stats.OnDemandIn++
-		}
-		if t.state == swappedIn {
-			if err := e.dev.StreamWait(e.compute, t.ready); err != nil {
-				return err
-			}
-			t.state = resident
+		if err := it.resident1(e.policy, t); err != nil {
+			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 		}
 		t.lastUse = e.serial
 	}

@@ -163,12 +163,15 @@ func (it *Iteration) remake(p *policy, m int32) error {
 	return nil
 }
 
-// resident1 brings one input of a recompute or remake onto the device:
-// made again if it is dropped (a chain) or freed (remade), brought back if
-// swapped.
+// resident1 brings a tensor an op or a recompute needs onto the device:
+// made again if it is dropped (a recompute, or a chain) or freed (remade),
+// brought back if swapped, waited for (on the compute stream) if arriving.
+// p is the policy in force, or nil.
 func (it *Iteration) resident1(p *policy, t *Tensor) error {
 	e := it.eng
 	switch {
+	case p == nil && t.state == dropped:
+		// no policy: nothing can make it again
 	case t.state == dropped && t.rc >= 0 && p.rlive[t.rc].x == t && !p.rlive[t.rc].ran:
 		if err := it.recompute(p, t.rc); err != nil {
 			return err
@@ -191,7 +194,7 @@ func (it *Iteration) resident1(p *policy, t *Tensor) error {
 		t.state = resident
 	}
 	if t.state != resident {
-		return fmt.Errorf("chameleon: tensor %d is not on the device for a recompute", t.id)
+		return fmt.Errorf("chameleon: tensor %d was dropped and cannot be made again", t.id)
 	}
 	return nil
 }
