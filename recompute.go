@@ -99,25 +99,9 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 	if !r.captured() || r.ran {
 		return fmt.Errorf("chameleon: tensor %d was dropped and cannot be made again", x.id)
 	}
-	x.pin = e.serial
-	for _, t := range r.in {
-		t.pin = e.serial
+	if err := it.rerun(p, "recompute", x, r.in, r.fn); err != nil {
+		return err
 	}
-	for _, t := range r.in {
-		if err := it.resident1(p, t); err != nil {
-			return err
-		}
-	}
-	ptr, err := e.allocate(x.size, e.compute)
-	if err != nil {
-		return fmt.Errorf("chameleon: recompute tensor %d: %w", x.id, err)
-	}
-	x.ptr, x.state = ptr, resident
-	if err := r.fn(); err != nil {
-		return fmt.Errorf("chameleon: recompute tensor %d: %w", x.id, err)
-	}
-	it.recomputes++
-	e.stats.Recomputes++
 	// Inputs made again only for this go again (the host released them).
 	for _, m := range p.rcRemade[k] {
 		if y := p.rmlive[m].x; y != nil && y.released && y.state == resident {
@@ -132,7 +116,6 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 
 // remake makes input slot m again by running its producer.
 func (it *Iteration) remake(p *policy, m int32) error {
-	e := it.eng
 	s := &p.rmlive[m]
 	x := s.x
 	if x.state != dropped {
@@ -141,22 +124,29 @@ func (it *Iteration) remake(p *policy, m int32) error {
 	if s.fn == nil {
 		return fmt.Errorf("chameleon: tensor %d was freed and cannot be made again", x.id)
 	}
+	return it.rerun(p, "remake", x, s.in, s.fn)
+}
+
+// rerun makes x again: its inputs on the device (pinned there), x
+// allocated under its handle, the producer's kernels run.
+func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn func() error) error {
+	e := it.eng
 	x.pin = e.serial
-	for _, t := range s.in {
+	for _, t := range in {
 		t.pin = e.serial
 	}
-	for _, t := range s.in {
+	for _, t := range in {
 		if err := it.resident1(p, t); err != nil {
 			return err
 		}
 	}
 	ptr, err := e.allocate(x.size, e.compute)
 	if err != nil {
-		return fmt.Errorf("chameleon: remake tensor %d: %w", x.id, err)
+		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
 	}
 	x.ptr, x.state = ptr, resident
-	if err := s.fn(); err != nil {
-		return fmt.Errorf("chameleon: remake tensor %d: %w", x.id, err)
+	if err := fn(); err != nil {
+		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
 	}
 	it.recomputes++
 	e.stats.Recomputes++
