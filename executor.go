@@ -35,8 +35,14 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 		vs := e.victims(size)
 		if len(vs) == 0 {
 			st := e.alloc.Stats()
-			return 0, fmt.Errorf("%w: %d bytes wanted; %d of %d in use by tensors the current op needs or that cannot move (largest free block %d)",
-				ErrOutOfMemory, size, st.Allocated, st.Reserved, st.LargestFree)
+			var pinned int64
+			for _, t := range e.live {
+				if t.pin == e.serial && t.state != swapped && t.state != dropped {
+					pinned += t.size
+				}
+			}
+			return 0, fmt.Errorf("%w: %d bytes wanted; %d of %d in use by tensors the current op needs or that cannot move (the op's own: %d bytes; largest free block %d)",
+				ErrOutOfMemory, size, st.Allocated, st.Reserved, pinned, st.LargestFree)
 		}
 		for _, v := range vs {
 			if err := e.swapOut(v); err != nil {
@@ -48,7 +54,7 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 		if l := e.cfg.evictLog; l != nil {
 			st := e.alloc.Stats()
 			l.Debug("evict", "op", e.it.op, "want", size, "victims", len(vs), "allocated", st.Allocated,
-				"reserved", st.Reserved, "largest_free", st.LargestFree, "live_bytes", e.liveB)
+				"reserved", st.Reserved, "in_pages", st.InPages, "largest_free", st.LargestFree, "live_bytes", e.liveB)
 		}
 	}
 }

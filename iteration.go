@@ -36,6 +36,11 @@ type Iteration struct {
 	// hostRecompute marks, per profiled op, whether the host gave it a
 	// Recompute.
 	hostRecompute []bool
+	// ord is, per tensor made in the profiled iteration, its ordinal among
+	// the tensors of its call site and producer (match.NewOrdered), counted
+	// in keyCount the way the matcher counts live ones.
+	ord      map[trace.TensorID]uint32
+	keyCount map[uint64]uint32
 }
 
 // Begin starts an iteration. The returned Iteration is reused by the
@@ -52,10 +57,11 @@ func (e *Engine) Begin() *Iteration {
 		return it
 	}
 	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
-		hostRecompute: it.hostRecompute[:0]}
+		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
 	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
 		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}}
+		it.ord, it.keyCount = map[trace.TensorID]uint32{}, map[uint64]uint32{}
 	}
 	if e.policy != nil {
 		e.policy.reset()
@@ -157,6 +163,11 @@ func (it *Iteration) After(op *Op) error {
 				continue
 			}
 			t.feat = features(uint64(t.ptr), stack, tok, t.shape)
+			if it.detail != nil {
+				k := match.Key(t.feat)
+				it.ord[t.id] = it.keyCount[k]
+				it.keyCount[k]++
+			}
 			if p != nil {
 				if k, _ := p.matcher.Match(t.feat); k >= 0 {
 					for _, sw := range p.matchSwap[k] {
@@ -314,7 +325,7 @@ func (it *Iteration) End() Result {
 	}
 	if d.plan {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
-		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, key)
+		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
 		if err == nil && pr.Exec != nil {
 			pol.simMS = pr.Exec.IterationUS / 1000
 		}

@@ -64,6 +64,9 @@ type plannedTensor struct {
 	Overload string  `json:"overload"`
 	Module   string  `json:"module"`
 	Shape    []int64 `json:"shape"`
+	// Ord is the tensor's ordinal among those its call site and producer
+	// made in the profiled iteration (match.NewOrdered).
+	Ord uint32 `json:"ord"`
 }
 
 // features is the tensor's match key in the vocabulary of this process.
@@ -78,11 +81,13 @@ func features(ptr, stack uint64, producer seq.Token, shape []int64) match.Featur
 }
 
 // newPolicy indexes a plan's swaps by the op their copies are issued at,
-// and its recomputes by their ops. fixed may be nil (no persistent tensor
+// and its recomputes by their ops. ordered says the planned tensors carry
+// their ordinals (Ord); a policy file without them takes ranks among the
+// planned tensors. fixed may be nil (no persistent tensor
 // among the swaps), and so may ip (issue each copy at the plan's Out and
 // In) and rcs.
 func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.Swap, tensors []plannedTensor, fixed []*Tensor,
-	ip *simulate.IssuePlan, rcs []simulate.Recompute, rtensors, mtensors []plannedTensor) *policy {
+	ip *simulate.IssuePlan, rcs []simulate.Recompute, rtensors, mtensors []plannedTensor, ordered bool) *policy {
 	if fixed == nil {
 		fixed = make([]*Tensor, len(swaps))
 	}
@@ -104,6 +109,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 	// One matcher entry per planned activation, whether it is swapped,
 	// recomputed or both (over different gaps).
 	var mf []match.Features
+	var ords []uint32
 	entry := map[trace.TensorID]int{}
 	add := func(id trace.TensorID, t *plannedTensor) int {
 		if x, ok := entry[id]; ok {
@@ -111,6 +117,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		}
 		entry[id] = len(mf)
 		mf = append(mf, t.features(v))
+		ords = append(ords, t.Ord)
 		p.matchSwap, p.matchRC, p.matchRM = append(p.matchSwap, nil), append(p.matchRC, nil), append(p.matchRM, -1)
 		return len(mf) - 1
 	}
@@ -127,7 +134,10 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 	for m := range p.remade {
 		p.matchRM[add(p.remade[m].Tensor, &mtensors[m])] = int32(m)
 	}
-	p.matcher = match.New(cfg, mf)
+	if !ordered {
+		ords = nil
+	}
+	p.matcher = match.NewOrdered(cfg, mf, ords)
 	return p
 }
 
@@ -162,7 +172,7 @@ func (e *Engine) cached(k policyKey) bool {
 // plan makes the policy for a profiled iteration on the one planning path
 // (plan.Make) with the Engine's settings, and binds it: persistent tensors
 // by handle, activations by their match features.
-func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, key policyKey) (*policy, *plan.Result, error) {
+func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, ord map[trace.TensorID]uint32, key policyKey) (*policy, *plan.Result, error) {
 	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
 	opts := append(slices.Clone(e.cfg.planning), plan.WithObserver(e.spans(ctx)))
 	if slices.Contains(hostRecompute, true) {
@@ -179,7 +189,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	made := func(id trace.TensorID) plannedTensor {
 		t := it.Tensors[id]
 		op := &it.Ops[res.Model.Lifetime(id).Alloc]
-		return plannedTensor{Ptr: t.Ptr, Name: op.Name, Overload: op.Overload, Module: op.Module, Shape: t.Shape}
+		return plannedTensor{Ptr: t.Ptr, Name: op.Name, Overload: op.Overload, Module: op.Module, Shape: t.Shape, Ord: ord[id]}
 	}
 	for i, s := range swaps {
 		if t := live[s.Tensor]; t != nil && t.kind.persistent() {
@@ -201,7 +211,8 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 			}
 		}
 	}
-	return newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors), res, nil
+	pol := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
+	return pol, res, nil
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.

@@ -151,7 +151,7 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 				return fmt.Errorf("chameleon: policies %s: policies[%d].swaps[%d]: %w", name, i, j, err)
 			}
 		}
-		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, e.enc.Vocab, swaps, sp.Tensors, nil, nil, nil, nil, nil))
+		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, e.enc.Vocab, swaps, sp.Tensors, nil, nil, nil, nil, nil, false))
 	}
 	for _, p := range loaded {
 		e.cache.put(p)

@@ -382,6 +382,10 @@ type Stats struct {
 	// events the host waited for to unmap a range still in use by queued
 	// work. Maps must stay flat once the allocator is warm.
 	PageSize, Mapped int64
-	Maps, Unmaps     int64
-	HostWaits        int64
+	// InPages is the bytes of the pages some block uses: what the budget
+	// holds against Reserved. Above Allocated by the unused parts of
+	// partly used pages.
+	InPages      int64
+	Maps, Unmaps int64
+	HostWaits    int64
 }

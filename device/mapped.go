@@ -99,7 +99,9 @@ func (a *arena) usePages(seg *segment, b *block, delta int32) {
 }
 
 // pickMapped chooses the free block to serve size bytes from in a mapped
-// arena, or -1 when none fits in the page budget. Among the best fits, the
+// arena, or -1 when none fits in the page budget: it fails exactly when
+// minExtra says the request does not fit, which is what EvictionWindow
+// goes by. Among the best fits, the
 // first that is ready and whose pages are all mapped wins (the hot path: no
 // device call); failing that, the candidate that adds the fewest pages in
 // use, then the fewest pages to map, then the one freed longest ago.
@@ -108,8 +110,12 @@ func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
 	n := len(a.free)
 	best, bestExtra, bestUnmapped := -1, 0, 0
 	for j := i; j < n; j++ {
-		if j >= i+oldestCandidates && j != n-1 {
-			j = n - 1 // the largest block: fresh address space, if any
+		if j >= i+oldestCandidates && j != n-1 && best >= 0 {
+			// Enough candidates seen: the largest block (fresh address
+			// space, if any) is the last worth asking. Until one fits in
+			// the budget every block is: a fit on a page already in use
+			// may lie anywhere in the list.
+			j = n - 1
 		}
 		b := a.free[j]
 		seg := &a.segs[b.seg]

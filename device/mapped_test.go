@@ -393,3 +393,48 @@ func TestEvictionWindowMapped(t *testing.T) {
 		})
 	}
 }
+
+// TestMappedFitsOnAPageInUse: with the page budget full, a small request
+// fits only at the start of a free block that begins on a page in use, and
+// that block sorts behind more than a few dozen free blocks that would each
+// need a page of their own. The allocator finds it: it fails exactly when
+// EvictionWindow says an eviction is needed, never in between, where the
+// Engine would find nothing to evict.
+func TestMappedFitsOnAPageInUse(t *testing.T) {
+	const page, holes, fills = 4 << 10, 70, 20
+	const budget = 2 + holes + 16*fills // page 0, U2, the separators, the fills
+	_, a := newMapped(t, budget*page, page)
+	alloc := func(n int64) device.DevPtr {
+		t.Helper()
+		p, err := a.Alloc(n, 0)
+		require.NoError(t, err)
+		return p
+	}
+	alloc(page - 512)        // page 0, but for its last 512 bytes
+	h := alloc(2*page + 512) // from there to the end of page 2
+	alloc(page)              // page 3
+	var hs []device.DevPtr
+	for range holes {
+		hs = append(hs, alloc(page))
+		alloc(page) // keeps the holes apart
+	}
+	for _, p := range hs {
+		require.NoError(t, a.Free(p))
+	}
+	require.NoError(t, a.Free(h))
+	for range fills {
+		alloc(16 * page) // too large for any hole: fresh address space
+	}
+	st := a.Stats()
+	require.Equal(t, int64(budget*page), st.InPages, "the page budget is full")
+	require.Greater(t, st.FreeBlocks, 64)
+
+	win, ok, err := a.EvictionWindow(512, nil, nil)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Empty(t, win, "no eviction needed: 512 bytes fit on page 0")
+	p, err := a.Alloc(512, 0)
+	require.NoError(t, err, "what EvictionWindow says fits is allocated")
+	assert.Equal(t, h, p, "at the start of the free block on page 0")
+	assert.Equal(t, int64(budget*page), a.Stats().InPages, "no page added")
+}

@@ -288,6 +288,7 @@ func (p *pool) stats() Stats {
 		s.Reserved = p.a.budget * p.page
 		s.Free = s.Reserved - s.Allocated
 		s.Mapped = p.a.mappedPages * p.page
+		s.InPages = p.a.usedPages * p.page
 		s.Maps, s.Unmaps, s.HostWaits = p.maps, p.unmaps, p.syncs
 		s.LargestFree = min(s.LargestFree, (p.a.budget-p.a.usedPages)*p.page)
 		s.Fragmentation = 0

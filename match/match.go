@@ -73,10 +73,25 @@ type bucket struct {
 	gen  uint32
 }
 
+// Key is the call site and producer of f: the tensors of one key are told
+// apart by their ordinal, the order in which an iteration makes them.
+func Key(f Features) uint64 { return key(f) }
+
 func key(f Features) uint64 { return f.Stack*31 ^ uint64(f.Producer)*0x9E3779B97F4A7C15 }
 
-// New indexes the planned tensors.
-func New(cfg Config, planned []Features) *Matcher {
+// New indexes the planned tensors, taking each one's ordinal (see Match)
+// to be its rank among the planned tensors of its call site and producer:
+// right when every tensor the profiled iteration made at a call site is
+// planned. When only some are (a checkpointed model makes each forward
+// tensor twice, in forward and again in backward, and a plan may move only
+// the second), use NewOrdered with the ordinals counted over all of them.
+func New(cfg Config, planned []Features) *Matcher { return NewOrdered(cfg, planned, nil) }
+
+// NewOrdered indexes the planned tensors with their ordinals: ord[i] is
+// how many tensors of planned[i]'s call site and producer the profiled
+// iteration made before it, the count Match keeps for live tensors. A nil
+// ord takes ranks among the planned tensors, as New does.
+func NewOrdered(cfg Config, planned []Features, ord []uint32) *Matcher {
 	m := &Matcher{
 		cfg: cfg, planned: planned,
 		byKey: make(map[uint64]*bucket, len(planned)),
@@ -92,6 +107,9 @@ func New(cfg Config, planned []Features) *Matcher {
 			m.byKey[key(f)] = b
 		}
 		m.ord[i] = uint32(len(b.idx))
+		if ord != nil {
+			m.ord[i] = ord[i]
+		}
 		b.idx = append(b.idx, int32(i))
 		m.byPtr[f.Ptr] = append(m.byPtr[f.Ptr], int32(i))
 	}

@@ -4,9 +4,11 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
@@ -83,4 +85,54 @@ func TestMatchBasics(t *testing.T) {
 	assert.Equal(t, -1, i)
 	assert.InDelta(t, 0.7, s, 1e-9)
 	assert.NotEqual(t, match.ShapeHash([]int64{2, 4}), match.ShapeHash([]int64{4, 2}))
+}
+
+// TestOrdinalsOfAPartialPlan: a checkpointed model makes every forward
+// tensor twice, in forward and again inside backward, at the same call
+// site with the same shape, and a plan may move only the second. With
+// ordinals counted over every tensor the profiled iteration made
+// (NewOrdered), the first trip of a later iteration is not taken for the
+// planned second; with ranks among the planned tensors alone (New) it is.
+func TestOrdinalsOfAPartialPlan(t *testing.T) {
+	tr := load(t, "llama16-bf16-ckpt.jsonl.gz")
+	planned, later := tr.Iterations[1], tr.Iterations[2]
+	v := seq.NewVocab()
+	p := match.ProducedTensors(planned, v)
+	l := match.ProducedTensors(later, v)
+	count := map[uint64]uint32{}
+	var feats []match.Features
+	var ords []uint32
+	var truth []int // op of each planned tensor
+	for _, x := range p {
+		k := match.Key(x.Features)
+		ord := count[k]
+		count[k]++
+		if planned.Ops[x.Op].Phase != trace.PhaseBackward {
+			continue // plan only what backward makes
+		}
+		feats, ords, truth = append(feats, x.Features), append(ords, ord), append(truth, x.Op)
+	}
+	require.NotEmpty(t, feats)
+	precision := func(m *match.Matcher) (float64, int) {
+		matched, correct := 0, 0
+		for _, x := range l {
+			got, _ := m.Match(x.Features)
+			if got < 0 {
+				continue
+			}
+			matched++
+			if truth[got] == x.Op {
+				correct++
+			}
+		}
+		return float64(correct) / float64(matched), matched
+	}
+	cfg := match.DefaultConfig()
+	cfg.Threshold = 0.65 // the Engine's: addresses may move
+	ordered, n := precision(match.NewOrdered(cfg, feats, ords))
+	ranked, _ := precision(match.New(cfg, feats))
+	t.Logf("%d planned, %d matched: precision %.4f with ordinals, %.4f with ranks among the planned", len(feats), n, ordered, ranked)
+	assert.GreaterOrEqual(t, ordered, 0.99)
+	assert.GreaterOrEqual(t, float64(n), 0.9*float64(len(feats)), "recall")
+	assert.Less(t, ranked, 0.9, "ranks among the planned tensors pair the wrong trips")
 }

@@ -154,7 +154,54 @@ func checkSizes(tr *trace.Trace, scale, limit int64) error {
 			}
 		}
 	}
-	return nil
+	return checkWorkingSets(tr, scale, room)
+}
+
+// checkWorkingSets refuses a limit under what one op needs resident at
+// once (its inputs and outputs, at the Engine's rounding): no plan and no
+// eviction can run that op, so the replay would stop there after minutes.
+// The error names the op and the lowest limit the trace can run under.
+func checkWorkingSets(tr *trace.Trace, scale, room int64) error {
+	var worst *trace.Op
+	var worstIter int
+	var most int64
+	for _, it := range tr.Iterations {
+		for i := range it.Ops {
+			op := &it.Ops[i]
+			var n int64
+			for j, id := range op.In {
+				if !slices.Contains(op.In[:j], id) {
+					n += roundedAt(it.Tensors[id], scale)
+				}
+			}
+			for j, id := range op.Out {
+				if !slices.Contains(op.In, id) && !slices.Contains(op.Out[:j], id) {
+					n += roundedAt(it.Tensors[id], scale)
+				}
+			}
+			if n > most {
+				worst, worstIter, most = op, it.Index, n
+			}
+		}
+	}
+	if most <= room {
+		return nil
+	}
+	return fmt.Errorf("replay: op %d (%s) of iteration %d (%s) reads and writes %d bytes at scale 1/%d, more than the device limit of %d bytes: "+
+		"every tensor an op lists is resident while it runs, so the lowest limit this trace can run under is %d bytes at this scale (%.1f%% of its peak)",
+		worst.Seq, worst.Name, worstIter, where(tr, worst.Line), most, scale, room, most, 100*float64(most)*float64(scale)/float64(max(PeakBytes(tr), 1)))
+}
+
+// roundedAt is t's size at scale as the Engine allocates it.
+func roundedAt(t *trace.Tensor, scale int64) int64 {
+	if t == nil {
+		return 0
+	}
+	n, err := Scaled(t.Bytes, scale)
+	if err != nil {
+		return 0 // refused by checkSizes first
+	}
+	return (n + blockBytes - 1) &^ (blockBytes - 1)
 }
 
 // where is file:line, or the file alone when the line is unknown.
