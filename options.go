@@ -68,17 +68,21 @@ func defaultConfig() config {
 	}
 }
 
-// engineMatch is the paper's weights with a threshold of 0.65 instead of
+// engineMatch is the paper's weights with a threshold of 0.55 instead of
 // 0.85. The paper's threshold makes the device address mandatory, but the
 // Engine's own swaps move tensors: after the first swapped iteration the
-// addresses of a static model no longer repeat, and nothing would match.
-// 0.65 asks for the call site (with its ordinal), the producer and the
-// shape to agree; on the recorded traces that is 99.3-100% precise on the
-// static models (docs/match.md). A wrong match costs only time: a swapped
-// tensor is always brought back before its use.
+// addresses of a static model no longer repeat, and nothing would match;
+// and a mixture of experts routes another number of tokens to each expert
+// every step, so an expert's tensors change shape too. 0.55 with the call
+// site required (Site) asks for the call site with its ordinal and the
+// producer to agree (0.6); the address and the shape may move, but never
+// outvote the site (a checkpointed model's forward and backward trips of
+// one call site often share an address). On the recorded traces that is 98.8-100% precise
+// (docs/match.md). A wrong match costs only time: a swapped tensor is
+// always brought back before its use.
 func engineMatch() match.Config {
 	c := match.DefaultConfig()
-	c.Threshold = 0.65
+	c.Threshold, c.Site = 0.55, true
 	return c
 }
 
@@ -183,13 +187,14 @@ func WithDetector(d Detector) Option {
 
 // WithMatching sets the tensor-matching weights and threshold (default:
 // the paper's weights, address 0.3, call stack 0.4, producer 0.2, shape 0.1,
-// with threshold 0.65; see engineMatch for why not the paper's 0.85). A zero
-// threshold keeps the default; so do the weights when all four are zero.
+// with threshold 0.55 and the call site required; see engineMatch for why
+// not the paper's 0.85). A zero threshold keeps the default threshold and
+// requirement; the weights keep theirs when all four are zero.
 func WithMatching(m match.Config) Option {
 	return optionFunc(func(c *config) {
 		def := engineMatch()
 		if m.Threshold == 0 {
-			m.Threshold = def.Threshold
+			m.Threshold, m.Site = def.Threshold, def.Site
 		}
 		if m.Ptr == 0 && m.Stack == 0 && m.Producer == 0 && m.Shape == 0 {
 			m.Ptr, m.Stack, m.Producer, m.Shape = def.Ptr, def.Stack, def.Producer, def.Shape

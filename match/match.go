@@ -45,6 +45,11 @@ func ShapeHash(shape []int64) uint64 {
 type Config struct {
 	Ptr, Stack, Producer, Shape float64
 	Threshold                   float64
+	// Site, when set, makes the call site with its ordinal a must: a
+	// candidate of another site or trip is never matched, whatever the
+	// other features score. Without it the address, producer and shape
+	// together (0.6 with the default weights) can outvote the site.
+	Site bool
 }
 
 // DefaultConfig returns the paper's weights (0.3, 0.4, 0.2, 0.1) and
@@ -167,6 +172,9 @@ func (m *Matcher) Match(f Features) (idx int, score float64) {
 			p := m.planned[c]
 			if m.ord[c] != ord {
 				p.Stack = ^f.Stack // same site, other trip: not the same call
+			}
+			if m.cfg.Site && p.Stack != f.Stack {
+				continue
 			}
 			s := m.cfg.Score(f, p)
 			if s > score || (s == score && idx >= 0 && int(c) < idx) {
