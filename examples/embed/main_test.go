@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -26,4 +28,15 @@ func TestEmbed(t *testing.T) {
 	assert.Regexp(t, `swapped [1-9]\d* KiB out`, s)
 	assert.Regexp(t, `[1-9]\d* policies planned`, s)
 	assert.Regexp(t, `STABLE +planned swaps out [1-9]`, s, "the policy's swaps run")
+}
+
+// The README shows this program's loop as it is.
+func TestREADMEShowsIt(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	body := string(src[bytes.Index(src, []byte("func run(out io.Writer")):])
+	assert.Contains(t, string(readme), strings.TrimSpace(body), "README.md's embedding loop differs from examples/embed/main.go")
+	assert.Contains(t, string(readme), "go install github.com/chameleon-go/chameleon/cmd/chameleon@latest")
 }
