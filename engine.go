@@ -3,6 +3,7 @@ package chameleon
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
 
@@ -157,8 +158,14 @@ type Engine struct {
 
 	tracer oteltrace.Tracer
 
+	// mu serializes every call: see the package documentation.
+	mu sync.Mutex
+	// inOp is set between an op's Before and After: a tensor allocated
+	// meanwhile must not unpin that op's tensors.
+	inOp bool
+
 	live    []*Tensor
-	spare   []*Tensor // released handles, reused by NewTensor
+	slab    []Tensor // handles not yet handed out; a released one is never handed out again
 	scratch []*Tensor
 	blocks  []device.Resident // the allocator's view of scratch, for victims
 	window  []int             // victims' indices into scratch
@@ -288,6 +295,8 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 // Close releases the Engine's streams, events and memory pools. Tensors
 // still held are invalid afterwards.
 func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.closed = true
 	var errs []error
 	for i := len(e.onClose) - 1; i >= 0; i-- {
@@ -299,6 +308,8 @@ func (e *Engine) Close() error {
 
 // Stats returns the running totals.
 func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	s := e.stats
 	a := e.alloc.Stats()
 	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated
@@ -307,7 +318,11 @@ func (e *Engine) Stats() Stats {
 }
 
 // Stage is the stage the next iteration runs in.
-func (e *Engine) Stage() seq.Stage { return e.det.Next() }
+func (e *Engine) Stage() seq.Stage {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.det.Next()
+}
 
 // ComputeStream is the stream the host must run its kernels on: the
 // Engine's waits for swapped-in tensors are queued on it.
@@ -320,6 +335,8 @@ func (e *Engine) Device() device.Device { return e.dev }
 // are allocated by the host right before the op that produces them (listed
 // in its Out); persistent tensors at any time.
 func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (*Tensor, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.closed {
 		return nil, ErrClosed
 	}
@@ -328,22 +345,19 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 		// also keeps the allocator's block rounding from overflowing.
 		return nil, fmt.Errorf("chameleon: tensor of %d bytes (%s %v): want 1 to %d bytes, the memory limit", size, dtype, shape, e.cfg.limit)
 	}
-	var t *Tensor
-	if n := len(e.spare); n > 0 {
-		t, e.spare = e.spare[n-1], e.spare[:n-1]
-		*t = Tensor{}
-	} else {
-		t = new(Tensor)
+	if !e.inOp {
+		e.serial++
 	}
-	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc, t.rm, t.eng = e.nextID, size, kind, dtype, shape, -1, -1, -1, e
+	pin := e.serial // not evictable while the op it is made for runs
+	id := e.nextID
 	e.nextID++
-	e.serial++
-	t.pin = e.serial // not evictable while its own allocation runs
 	ptr, err := e.allocate(size, e.compute)
 	if err != nil {
-		e.spare = append(e.spare, t)
 		return nil, fmt.Errorf("chameleon: new tensor of %d bytes: %w", size, err)
 	}
+	t := e.handle()
+	t.id, t.size, t.kind, t.dtype, t.shape, t.plan, t.rc, t.rm, t.eng = id, size, kind, dtype, shape, -1, -1, -1, e
+	t.pin = pin
 	t.ptr = ptr
 	t.lastUse = e.serial
 	t.slot = len(e.live)
@@ -355,19 +369,42 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	return t, nil
 }
 
+// slabHandles is how many handles NewTensor allocates at a time.
+const slabHandles = 64
+
+// handle is a fresh handle. Handles are never reused: a released handle
+// stays released, so a stale copy of it can neither free nor reach a later
+// tensor. They come out of slabs, one heap allocation per slabHandles
+// tensors; a slab is collected once the host and the Engine hold none of
+// its handles.
+func (e *Engine) handle() *Tensor {
+	if len(e.slab) == 0 {
+		e.slab = make([]Tensor, slabHandles)
+	}
+	t := &e.slab[0]
+	e.slab = e.slab[1:]
+	return t
+}
+
 // Release returns a tensor's memory. The device memory is reused only after
-// the work already queued on it completes (an event, not a host wait). The
-// handle must not be used afterwards: the Engine recycles it for a later
-// NewTensor, which keeps the steady state free of heap allocations.
+// the work already queued on it completes (an event, not a host wait).
+// Releasing a tensor again does nothing; an op that lists a released tensor
+// is an error. A handle is never handed out again, so a stale one cannot
+// touch a later tensor.
 func (e *Engine) Release(t *Tensor) error {
-	if t == nil || t.released {
+	if t == nil {
+		return nil
+	}
+	if t.eng != e { // set once, before the host has the handle
+		return fmt.Errorf("chameleon: release tensor %d: it belongs to another Engine", t.id)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t.released {
 		return nil
 	}
 	if e.closed {
 		return ErrClosed
-	}
-	if t.eng != e {
-		return fmt.Errorf("chameleon: release tensor %d: it belongs to another Engine", t.id)
 	}
 	t.released = true
 	if p := e.policy; p != nil && t.state == dropped && t.rc >= 0 {
@@ -401,12 +438,6 @@ func (e *Engine) drop(t *Tensor) error {
 
 // free gives a released tensor's memory back.
 func (e *Engine) free(t *Tensor) error {
-	if t.kind == Activation && (e.policy == nil || (t.plan < 0 && t.rc < 0 && t.rm < 0)) {
-		// A tensor a policy matched is not reused: the policy may still
-		// point at it. Nor are persistent handles: cached policies name
-		// them directly.
-		e.spare = append(e.spare, t)
-	}
 	e.liveB -= t.size
 	last := e.live[len(e.live)-1]
 	e.live[t.slot], last.slot = last, t.slot

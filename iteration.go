@@ -46,6 +46,8 @@ type Iteration struct {
 // Begin starts an iteration. The returned Iteration is reused by the
 // Engine: it is valid until End.
 func (e *Engine) Begin() *Iteration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	it := &e.it
 	switch {
 	case e.closed:
@@ -73,10 +75,13 @@ func (e *Engine) Begin() *Iteration {
 // compute stream, not on the host) and the swap-ins the policy issues at
 // this op are started.
 func (it *Iteration) Before(op *Op) error {
+	e := it.eng
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if err := it.check(op); err != nil {
 		return err
 	}
-	e := it.eng
+	e.inOp = false
 	e.serial++
 	for _, t := range op.In {
 		t.pin = e.serial
@@ -115,7 +120,11 @@ func (it *Iteration) Before(op *Op) error {
 	if err := it.resident(op, op.In); err != nil {
 		return err
 	}
-	return it.resident(op, op.Out)
+	if err := it.resident(op, op.Out); err != nil {
+		return err
+	}
+	e.inOp = true
+	return nil
 }
 
 func (it *Iteration) resident(op *Op, ts []*Tensor) error {
@@ -134,10 +143,13 @@ func (it *Iteration) resident(op *Op, ts []*Tensor) error {
 
 // After records op and starts the swap-outs the policy schedules after it.
 func (it *Iteration) After(op *Op) error {
+	e := it.eng
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.inOp = false
 	if err := it.check(op); err != nil {
 		return err
 	}
-	e := it.eng
 	var fresh int64
 	for _, t := range op.Out {
 		if !t.produced {
@@ -267,6 +279,9 @@ type Result struct {
 // Plan and Simulate the next policy (or adopt a cached one).
 func (it *Iteration) End() Result {
 	e := it.eng
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.inOp = false
 	if it.err != nil || !it.active || e.closed {
 		err := it.err
 		switch {

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -29,27 +26,30 @@ type detectIter struct {
 }
 
 type detectReport struct {
+	Schema          int          `json:"schema"`
+	Command         string       `json:"command"`
 	Trace           string       `json:"trace"`
 	Iterations      []detectIter `json:"iterations"`
 	DetectNsPerIter int64        `json:"detect_ns_per_iter"`
 }
 
 func runDetect(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("detect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("detect", "--trace FILE [--kineto FILE] [--rounds R] [--json]", stderr)
 	tf := addTraceFlags(fs)
-	path := tf.path
-	asJSON := fs.Bool("json", false, "print one JSON object")
+	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md)")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	cfg := detectionFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if *path == "" {
-		return errors.New("--trace is required")
+	if err := tf.check(); err != nil {
+		return err
 	}
 	if *rounds < 1 {
-		return fmt.Errorf("--rounds %d: want at least 1", *rounds)
+		return usagef("--rounds %d: want at least 1", *rounds)
+	}
+	if _, err := seq.NewDetector(*cfg); err != nil {
+		return usageError{err}
 	}
 	withDebugLog(cfg, stderr)
 	rep, err := detect(tf, *cfg, *rounds)
@@ -57,9 +57,7 @@ func runDetect(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, rep)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "iter\tops\tstage\tchanged\tsimilarity\tlength Δ\tmemory Δ\treason\n")
@@ -81,7 +79,7 @@ func detect(tf traceFlags, cfg seq.Config, rounds int) (*detectReport, error) {
 		return nil, err
 	}
 	enc := seq.NewEncoder(nil)
-	rep := &detectReport{Trace: path}
+	rep := &detectReport{Schema: schemaVersion, Command: "detect", Trace: path}
 	var spent time.Duration
 	next := func() (func() (*trace.Iteration, error), func() error, error) {
 		if *tf.kineto != "" {
@@ -100,9 +98,16 @@ func detect(tf traceFlags, cfg seq.Config, rounds int) (*detectReport, error) {
 		}
 		r, err := trace.Open(path)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, tf.hinted(err)
 		}
-		return r.Next, r.Close, nil
+		next := func() (*trace.Iteration, error) {
+			it, err := r.Next()
+			if err != nil && err != io.EOF {
+				err = tf.hinted(err)
+			}
+			return it, err
+		}
+		return next, r.Close, nil
 	}
 	for range rounds {
 		nextIter, closeTrace, err := next()

@@ -1,11 +1,24 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
+	"strconv"
+	"strings"
 
+	"github.com/chameleon-go/chameleon"
+
+	"github.com/chameleon-go/chameleon/plan"
+	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
 
 	"github.com/chameleon-go/chameleon/trace"
@@ -26,12 +39,37 @@ func addTraceFlags(fs *flag.FlagSet) traceFlags {
 	}
 }
 
-// load reads the whole trace.
-func (f traceFlags) load() (*trace.Trace, error) {
-	if *f.kineto != "" {
-		return pytorch.Import(*f.path, *f.kineto)
+// check refuses a missing --trace before any work.
+func (f traceFlags) check() error {
+	if *f.path == "" {
+		return usagef("--trace is required")
 	}
-	return trace.ReadFile(*f.path)
+	return nil
+}
+
+// load reads the whole trace. An error on a file that looks like the other
+// kind of trace gets a hint.
+func (f traceFlags) load() (*trace.Trace, error) {
+	var tr *trace.Trace
+	var err error
+	if *f.kineto != "" {
+		tr, err = pytorch.Import(*f.path, *f.kineto)
+	} else {
+		tr, err = trace.ReadFile(*f.path)
+	}
+	if err != nil {
+		return nil, f.hinted(err)
+	}
+	return tr, nil
+}
+
+// hinted is err reading the trace, with a hint when the file looks like the
+// other kind of trace.
+func (f traceFlags) hinted(err error) error {
+	if hint := sniffTrace(*f.path, *f.kineto != ""); hint != "" {
+		return fmt.Errorf("%w\n  hint: %s: %s", err, *f.path, hint)
+	}
+	return err
 }
 
 // detectionFlags registers the change-detection thresholds and stage
@@ -51,4 +89,199 @@ func withDebugLog(cfg *seq.Config, stderr io.Writer) {
 	if seq.DebugEnabled(os.Getenv("CHAMELEON_DEBUG"), "seqchange") {
 		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
+}
+
+// schemaVersion is the version of every command's --json output
+// (docs/json.md); it changes when a field changes meaning or goes away.
+const schemaVersion = 1
+
+// writeJSON prints v as the one JSON object of a command's --json output,
+// the same formatting for every command.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// Command-line errors. errHelp: -h was asked for (the usage is printed,
+// exit 0); errFlag: the flag package has printed the problem and the usage
+// (exit 2); a usageError is a bad flag value or a stray argument (printed,
+// exit 2). Any other error is a failure of the work (exit 1).
+var (
+	errHelp = errors.New("help requested")
+	errFlag = errors.New("bad flag")
+)
+
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// usagef is a usageError.
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// newFlagSet is a command's flag set: errors and usage go to stderr, the
+// usage headed by the command's synopsis.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: chameleon %s %s\n\n%s\n\nflags:\n", name, synopsis, commands[name].summary)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseArgs parses a command's arguments: flags only, no positional ones.
+func parseArgs(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return errFlag
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q: every input is a flag (see chameleon %s -h)", fs.Arg(0), fs.Name())
+	}
+	return nil
+}
+
+// checkLimit applies the one rule every --limit follows, before any work:
+// a percentage of a peak in (0%, 100%], or a byte count with a unit
+// (12GiB, 12e9B, 12GB). A bare number is refused ("90": did you mean
+// 90%?), so are 0, negative sizes and shares above 100%.
+func checkLimit(s string) error {
+	_, err := parseLimit(s, 1<<40)
+	return err
+}
+
+// parseLimit reads a --limit by checkLimit's rule; a percentage is of peak.
+func parseLimit(s string, peak int64) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, usagef("--limit: required (a share of the peak, 80%%, or bytes, 12GiB)")
+	}
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		switch {
+		case err != nil || math.IsNaN(v) || math.IsInf(v, 0):
+			return 0, usagef("--limit %q: not a percentage", s)
+		case v <= 0:
+			return 0, usagef("--limit %q: a share of the peak must be above 0%%", s)
+		case v > 100:
+			return 0, usagef("--limit %q: above 100%% of the peak limits nothing; give bytes (12GiB) for a larger device", s)
+		}
+		return int64(float64(peak) * v / 100), nil
+	}
+	if strings.HasPrefix(s, "-") {
+		return 0, usagef("--limit %q: a size cannot be negative", s)
+	}
+	if v, err := strconv.ParseFloat(s, 64); err == nil {
+		if v > 0 && v <= 100 {
+			return 0, usagef("--limit %q has no unit: did you mean %s%%? (bytes need a unit: %sGiB, %sGB, %sB)", s, s, s, s, s)
+		}
+		return 0, usagef("--limit %q has no unit: give a share of the peak (80%%) or bytes with a unit (%sB, 12GiB)", s, s)
+	}
+	n, err := chameleon.ParseBytes(s)
+	if err != nil {
+		return 0, usagef("--limit %q: %v", s, err)
+	}
+	if n <= 0 {
+		return 0, usagef("--limit %q: a limit of 0 bytes holds nothing", s)
+	}
+	return n, nil
+}
+
+// sniffTrace says what a trace file that failed to read looks like, as a
+// hint: a Kineto profile given as --trace, an Execution Trace without its
+// --kineto. Empty when it looks like neither.
+func sniffTrace(path string, kineto bool) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return ""
+		}
+		defer zr.Close()
+		r = zr
+	}
+	head := make([]byte, 64<<10)
+	n, _ := io.ReadFull(r, head)
+	head = head[:n]
+	switch {
+	case bytes.Contains(head, []byte(`"traceEvents"`)) || bytes.Contains(head, []byte(`"displayTimeUnit"`)):
+		return "this looks like a Kineto profile (Chrome trace): pass the Execution Trace as --trace and this file as --kineto"
+	case !kineto && bytes.Contains(head, []byte(`"nodes"`)) && bytes.Contains(head, []byte(`"schema"`)):
+		return "this looks like a PyTorch Execution Trace: it needs the Kineto profile of the same step, --kineto FILE"
+	}
+	return ""
+}
+
+// iterFlag is --iter, the same for every command that takes one iteration.
+func iterFlag(fs *flag.FlagSet) *int {
+	return fs.Int("iter", 1, "iteration `index` (position in the trace); 1 skips the first, often a warm-up, and falls back to 0 when the trace has one")
+}
+
+// groupsFlag is --groups, the same default for every command.
+func groupsFlag(fs *flag.FlagSet) *int {
+	return fs.Int("groups", plan.DefaultGroups, "logical layers per forward and backward (at most `N` when discovered)")
+}
+
+// checkIterGroups refuses --iter and --groups below their minimum.
+func checkIterGroups(iter, groups int) error {
+	if iter < 0 {
+		return usagef("--iter %d: want 0 or more", iter)
+	}
+	if groups < 1 {
+		return usagef("--groups %d: want at least 1", groups)
+	}
+	return nil
+}
+
+// pickIter is the iteration --iter names in a trace of n: the default 1
+// falls back to 0 when the trace has one iteration.
+func pickIter(iter, n int) (int, error) {
+	if iter >= n && n == 1 {
+		iter = 0
+	}
+	if iter < 0 || iter >= n {
+		return 0, fmt.Errorf("--iter %d: out of range (the trace has %d iterations)", iter, n)
+	}
+	return iter, nil
+}
+
+// replayJSON is replay's --json output: the replay's report with the
+// schema fields every command's output starts with.
+type replayJSON struct {
+	Schema  int    `json:"schema"`
+	Command string `json:"command"`
+	*replay.Report
+}
+
+// checkReplayFlags validates replay's flags before any work.
+func checkReplayFlags(tf traceFlags, limit string, scale int64, rounds int, dev string, cfg seq.Config) error {
+	if err := tf.check(); err != nil {
+		return err
+	}
+	if err := checkLimit(limit); err != nil {
+		return err
+	}
+	if scale < 1 {
+		return usagef("--scale %d: want at least 1", scale)
+	}
+	if rounds < 1 {
+		return usagef("--rounds %d: want at least 1", rounds)
+	}
+	if dev != "host" && dev != "cuda" {
+		return usagef("--device %q: want host or cuda", dev)
+	}
+	if _, err := seq.NewDetector(cfg); err != nil {
+		return usageError{err}
+	}
+	return nil
 }

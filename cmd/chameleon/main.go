@@ -2,13 +2,20 @@
 // sequence changes, profiles memory and time, plans and simulates swap
 // policies, and replays traces through the Engine on the host backend.
 //
-//	chameleon detect  --trace FILE [--json]
+//	chameleon detect  --trace FILE [--rounds R] [--json]
 //	chameleon profile --trace FILE [--iter K] [--groups N] [--json]
 //	chameleon plan    --trace FILE [--iter K] --limit 12GiB|70% [--json] ...
 //	chameleon replay  --trace FILE --limit 80% [--scale N] [--rounds R] [--json]
+//
+// Every command takes -h. A limit is a share of the peak in (0%, 100%] or
+// bytes with a unit (12GiB, 12GB, 12e9B). Exit status: 0 done, 1 the work
+// failed, 2 a bad command line. --json output is documented in docs/json.md.
+//
+// Install: go install github.com/chameleon-go/chameleon/cmd/chameleon@latest
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -48,11 +55,19 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := cmd.run(args[1:], stdout, stderr); err != nil {
+	err := cmd.run(args[1:], stdout, stderr)
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+		return 0
+	case errors.Is(err, errFlag): // the flag package printed it
+		return 2
+	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "chameleon %s: %v\n", args[0], err)
-		return 1
+		return 2
 	}
-	return 0
+	fmt.Fprintf(stderr, "chameleon %s: %v\n", args[0], err)
+	return 1
 }
 
 func usage(w io.Writer) {

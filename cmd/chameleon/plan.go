@@ -2,26 +2,18 @@ package main
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"image/color"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/samber/lo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/chameleon-go/chameleon"
-
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
 
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
@@ -107,6 +99,8 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 
 // planReport is the --json output: one object.
 type planReport struct {
+	Schema     int    `json:"schema"`
+	Command    string `json:"command"`
 	Trace      string `json:"trace"`
 	Iter       int    `json:"iter"`
 	Ops        int    `json:"ops"`
@@ -161,67 +155,35 @@ type baseline struct {
 }
 
 func runPlan(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("plan", "--trace FILE [--kineto FILE] --limit 12GiB|70% [--iter K] [--json] [--plot F.svg|F.png] [--perfetto F.json] ...", stderr)
 	tf := addTraceFlags(fs)
 	path := tf.path
-	iter := fs.Int("iter", 1, "iteration to plan (falls back to 0 when the trace has one)")
-	limit := fs.String("limit", "", "memory limit: bytes (12GiB, 12e9, 12GB) or a percentage of the iteration's recorded peak (70%)")
+	iter := iterFlag(fs)
+	limit := fs.String("limit", "", "memory limit: a share of the iteration's recorded peak in (0%, 100%] (70%), or bytes with a unit (12GiB, 12GB, 12e9B)")
 	bw := fs.String("bandwidth", "55GB/s", "host link rate, one direction alone; congestion keeps the measured H200 ratios")
 	est := fs.String("estimator", defaultEstimator, "op-time estimator: "+strings.Join(estimatorNames(), ", "))
-	groups := fs.Int("groups", plan.DefaultGroups, "logical layers per forward and backward (at most `N` when discovered)")
+	groups := groupsFlag(fs)
 	grouping := fs.String("grouping", "uniform", "logical layers: uniform (equal op counts, as the Engine groups) or discovered (the repeating block)")
 	curve := fs.String("curve", "recorded", "the curve kept under the limit: recorded (op.mem, where the trace has it) or model (the memory model's, as the Engine plans)")
 	minBytes := fs.String("min-bytes", "1MiB", "smallest candidate tensor")
-	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use")
+	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use (0 or more)")
 	margin := fs.Float64("margin", 0, "safety margin on copy times (0.15 for Ascend-like devices)")
 	recompute := fs.Bool("recompute", false, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
-	asJSON := fs.Bool("json", false, "print one JSON object; an infeasible limit prints feasible:false with the shortfall and exits 0")
+	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); an infeasible limit prints feasible:false with the shortfall and exits 0")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit and the swap spans (`file`.svg or .png)")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if *path == "" || *limit == "" {
-		return errors.New("--trace and --limit are required")
-	}
-	rate, err := parseBandwidth(*bw)
+	cfg, err := planFlags{trace: tf, iter: *iter, limit: *limit, bandwidth: *bw, estimator: *est, groups: *groups, grouping: *grouping,
+		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath}.check()
 	if err != nil {
-		return fmt.Errorf("--bandwidth: %w", err)
-	}
-	e, ok := estimators[*est]
-	if !ok {
-		return fmt.Errorf("--estimator: unknown %q (have %s)", *est, strings.Join(estimatorNames(), ", "))
-	}
-	mb, err := chameleon.ParseBytes(*minBytes)
-	if err != nil {
-		return fmt.Errorf("--min-bytes: %w", err)
+		return err
 	}
 	fmt.Fprintf(stderr, "reading %s\n", *path)
 	tr, err := tf.load()
 	if err != nil {
-		return err
-	}
-	if *groups < 1 {
-		return fmt.Errorf("--groups: must be at least 1, got %d", *groups)
-	}
-	var tierList []int
-	for f := range strings.SplitSeq(*tiers, ",") {
-		if f = strings.TrimSuffix(strings.TrimSpace(f), "%"); f == "" {
-			continue
-		}
-		v, err := strconv.Atoi(f)
-		if err != nil {
-			return fmt.Errorf("--tiers: %q is not a whole percentage", f)
-		}
-		tierList = append(tierList, v)
-	}
-	cfg := planConfig{iter: *iter, limit: *limit, bandwidth: rate, estimator: e, groups: *groups, grouping: *grouping,
-		minBytes: mb, prefetch: *prefetch, margin: *margin, curve: *curve, tiers: tierList, recompute: *recompute}
-	if opts, err := cfg.planOptions(); err != nil {
-		return err
-	} else if err := plan.Validate(opts...); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "planning iteration %d\n", cfg.iter)
@@ -229,10 +191,12 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if err != nil && !(*asJSON && errors.Is(err, mre.ErrInfeasible)) {
 		return err
 	}
+	rep.Schema, rep.Command, rep.Trace = schemaVersion, "plan", *path
 	if *plotPath != "" && rep.policy != nil {
 		if err := plotPlan(*plotPath, rep); err != nil {
 			return fmt.Errorf("--plot: %w", err)
 		}
+		fmt.Fprintf(stderr, "wrote %s\n", *plotPath)
 	}
 	if *perfetto != "" && rep.policy != nil {
 		f, err := os.Create(*perfetto)
@@ -246,10 +210,10 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		if werr != nil {
 			return fmt.Errorf("--perfetto: %w", werr)
 		}
+		fmt.Fprintf(stderr, "wrote %s\n", *perfetto)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(rep)
+		return writeJSON(stdout, rep)
 	}
 	printPlan(stdout, rep)
 	return nil
@@ -295,8 +259,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		return nil, err
 	}
 	peak := slices.Max(pre.Curve)
-	if in.Limit, err = chameleon.ParseLimit(cfg.limit, peak); err != nil {
-		return nil, fmt.Errorf("--limit: %w", err)
+	if in.Limit, err = parseLimit(cfg.limit, peak); err != nil {
+		return nil, err
 	}
 	link := simulate.H200()
 	if cfg.bandwidth > 0 {
@@ -419,59 +383,3 @@ func parseBandwidth(s string) (float64, error) {
 	}
 	return float64(v), nil
 }
-
-// plotPlan draws the recorded curve before and after the plan, the limit
-// and each swap's span (from its free op to its trigger, at the height of
-// its size above the axis), to SVG or PNG by the file's extension.
-func plotPlan(path string, r *planReport) error {
-	pol := r.policy
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s iter %d: limit %s (planned %s), overhead %.1f%% (bound %.1f%%)",
-		r.Trace, r.Iter, fmtBytes(r.LimitBytes), fmtBytes(r.PlannedBytes), r.OverheadPct, r.OverheadPctBoundPlanned)
-	p.X.Label.Text = "op"
-	p.Y.Label.Text = "GiB"
-	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
-	n := len(pol.Curve)
-	before := make(plotter.XYs, n)
-	after := make(plotter.XYs, n)
-	for t := range n {
-		before[t] = plotter.XY{X: float64(t), Y: gib(pol.Curve[t])}
-		after[t] = plotter.XY{X: float64(t), Y: gib(pol.Sim.Ops[t].Mem)}
-	}
-	lb, err := plotter.NewLine(before)
-	if err != nil {
-		return err
-	}
-	lb.Color = plotColor(120, 120, 120)
-	la, err := plotter.NewLine(after)
-	if err != nil {
-		return err
-	}
-	la.Color = plotColor(20, 90, 200)
-	lim, err := plotter.NewLine(plotter.XYs{{X: 0, Y: gib(r.LimitBytes)}, {X: float64(n - 1), Y: gib(r.LimitBytes)}})
-	if err != nil {
-		return err
-	}
-	lim.Color = plotColor(210, 30, 30)
-	lim.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-	p.Add(lb, la, lim)
-	p.Legend.Add("recorded", lb)
-	p.Legend.Add("with swaps", la)
-	p.Legend.Add("limit", lim)
-	for x, s := range pol.Swaps {
-		y := gib(s.Bytes)
-		seg, err := plotter.NewLine(plotter.XYs{{X: float64(pol.Sim.Freed[x]), Y: y}, {X: float64(s.In), Y: y}})
-		if err != nil {
-			return err
-		}
-		seg.Color = plotColor(30, 160, 80)
-		p.Add(seg)
-		if x == 0 {
-			p.Legend.Add("swap span (height: size)", seg)
-		}
-	}
-	p.Legend.Top = true
-	return p.Save(10*vg.Inch, 5*vg.Inch, path)
-}
-
-func plotColor(r, g, b uint8) color.Color { return color.RGBA{R: r, G: g, B: b, A: 255} }

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -20,6 +17,8 @@ func init() {
 
 // profileReport is the --json output of profile.
 type profileReport struct {
+	Schema            int            `json:"schema"`
+	Command           string         `json:"command"`
 	Trace             string         `json:"trace"`
 	Iter              int            `json:"iter"`
 	Ops               int            `json:"ops"`
@@ -41,43 +40,35 @@ type profileGroup struct {
 }
 
 func runProfile(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("profile", "--trace FILE [--kineto FILE] [--iter K] [--groups N] [--json]", stderr)
 	tf := addTraceFlags(fs)
-	path := tf.path
-	iter := fs.Int("iter", 0, "iteration `index` to profile (position in the trace)")
-	groups := fs.Int("groups", 16, "at most `N` logical-layer groups per forward and backward")
-	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	iter := iterFlag(fs)
+	groups := groupsFlag(fs)
+	asJSON := fs.Bool("json", false, "print one JSON object instead of a table (docs/json.md)")
+	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if err := tf.check(); err != nil {
+		return err
 	}
-	if *path == "" {
-		return errors.New("--trace: required")
-	}
-	if *groups < 1 {
-		return fmt.Errorf("--groups: must be at least 1, got %d", *groups)
+	if err := checkIterGroups(*iter, *groups); err != nil {
+		return err
 	}
 	tr, err := tf.load()
 	if err != nil {
 		return fmt.Errorf("--trace: %w", err)
 	}
-	if *iter < 0 || *iter >= len(tr.Iterations) {
-		return fmt.Errorf("--iter: %d out of range (the trace has %d iterations)", *iter, len(tr.Iterations))
-	}
-	rep, err := buildProfile(tr, *iter, *groups)
+	k, err := pickIter(*iter, len(tr.Iterations))
 	if err != nil {
 		return err
 	}
+	rep, err := buildProfile(tr, k, *groups)
+	if err != nil {
+		return err
+	}
+	rep.Schema, rep.Command, rep.Trace = schemaVersion, "profile", *tf.path
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, rep)
 	}
 	writeProfileTable(stdout, rep)
 	return nil

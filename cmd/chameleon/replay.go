@@ -1,9 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -21,11 +18,10 @@ func init() {
 }
 
 func runReplay(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("replay", "--trace FILE [--kineto FILE] [--limit 80%] [--scale N] [--rounds R] [--device host|cuda] [--json]", stderr)
 	tf := addTraceFlags(fs)
 	path := tf.path
-	limitS := fs.String("limit", "80%", "device memory limit: bytes (12GiB) or a percent of the trace's largest peak, scaled")
+	limitS := fs.String("limit", "80%", "device memory limit: a share of the trace's largest peak in (0%, 100%], or bytes with a unit (12GiB), scaled")
 	scale := fs.Int64("scale", 1024, "divide every tensor size by this")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -33,23 +29,20 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	recompute := fs.Bool("recompute", false, "let the Engine drop tensors of ops that can run again and recompute them (each recompute verified)")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	cfg := detectionFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if *path == "" {
-		return errors.New("--trace is required")
-	}
-	if *scale < 1 {
-		return fmt.Errorf("--scale %d: want at least 1", *scale)
+	if err := checkReplayFlags(tf, *limitS, *scale, *rounds, *devName, *cfg); err != nil {
+		return err
 	}
 	tr, err := tf.load()
 	if err != nil {
 		return err
 	}
 	peak := replay.PeakBytes(tr) / *scale
-	limit, err := chameleon.ParseLimit(*limitS, peak)
+	limit, err := parseLimit(*limitS, peak)
 	if err != nil {
-		return fmt.Errorf("--limit: %w", err)
+		return err
 	}
 	limitFrom := "--limit " + *limitS
 	if !strings.HasSuffix(strings.TrimSpace(*limitS), "%") {
@@ -96,9 +89,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	rep.Trace = *path
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", Report: rep}); err != nil {
 			return err
 		}
 	} else {

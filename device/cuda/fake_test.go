@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"fmt"
+	"go.uber.org/goleak"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +24,14 @@ func TestMain(m *testing.M) {
 	fakes = b
 	code := m.Run()
 	b.Close()
+	if code == 0 {
+		// No goroutine may outlive the tests (goleak.VerifyTestMain, with
+		// the fake libraries' builder closed first).
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

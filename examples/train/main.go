@@ -5,7 +5,7 @@
 // of a run without the limit.
 //
 //	go run ./examples/train                          # host backend, 50% of the unlimited peak
-//	go run ./examples/train --dynamic --steps 80     # layers skipped in phases: detection, re-planning, policy cache
+//	go run ./examples/train --dynamic --steps 60     # layers skipped in phases: detection, re-planning, policy cache hits
 //	go run ./examples/train --device cuda --layers 32 --width 2048 --batch 65536 --limit 40%
 //
 // A percent limit is of the peak device bytes measured in a run of the same
@@ -45,10 +45,33 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "train:", err)
-		os.Exit(1)
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// errUsage marks a bad command line (exit 2); the flag package has printed
+// its own errors and the usage already.
+var errUsage = errors.New("bad command line")
+
+// runMain runs the command and returns its exit status: 0 done (or -h),
+// 1 the run failed, 2 a bad command line.
+func runMain(args []string, stdout, stderr io.Writer) int {
+	err := run(args, stdout, stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		if msg := strings.TrimSuffix(err.Error(), ": "+errUsage.Error()); msg != errUsage.Error() {
+			fmt.Fprintln(stderr, "train:", msg)
+		}
+		return 2
 	}
+	fmt.Fprintln(stderr, "train:", err)
+	return 1
+}
+
+// usagef is a bad flag value: exit 2.
+func usagef(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, errUsage)...)
 }
 
 // options are the command's flags.
@@ -75,12 +98,12 @@ type options struct {
 	quiet         bool
 }
 
-func parse(args []string, out io.Writer) (*options, error) {
+func parse(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(stderr)
 	fs.StringVar(&o.device, "device", "host", "host (pure Go) or cuda (libcudart, cuBLAS, NVRTC through purego)")
-	fs.StringVar(&o.limit, "limit", "50%", "device memory limit: a percent of the unlimited run's peak, or bytes (512MiB, 12GiB, 1e9); 0 runs only without a limit")
+	fs.StringVar(&o.limit, "limit", "50%", "device memory limit: a share of the unlimited run's peak in (0%, 100%], or bytes with a unit (512MiB, 12GiB, 1e9B); none runs only without a limit")
 	fs.IntVar(&o.steps, "steps", 40, "training steps")
 	fs.IntVar(&o.baselineSteps, "baseline-steps", 3, "steps of the run without a limit that measures the peak and the step time")
 	fs.BoolVar(&o.dynamic, "dynamic", false, "skip a random set of blocks in phases of --phase steps: the operator sequence changes while training")
@@ -107,21 +130,54 @@ func parse(args []string, out io.Writer) (*options, error) {
 	fs.BoolVar(&o.recompute, "recompute", false, "let the Engine drop activations of the forward's ops and run the ops again before their use, beside swaps")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, errUsage
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return nil, usagef("unexpected argument %q: every input is a flag (train -h)", fs.Arg(0))
 	}
 	if o.model.FFN == 0 {
 		o.model.FFN = o.model.Width
 	}
 	if err := o.model.Validate(); err != nil {
+		return nil, usagef("%v", err)
+	}
+	if err := o.check(); err != nil {
 		return nil, err
 	}
-	if o.steps < 1 || o.baselineSteps < 1 {
-		return nil, fmt.Errorf("--steps %d and --baseline-steps %d must be at least 1", o.steps, o.baselineSteps)
-	}
 	return o, nil
+}
+
+// check validates every flag before any work.
+func (o *options) check() error {
+	switch {
+	case o.steps < 1 || o.baselineSteps < 1:
+		return usagef("--steps %d and --baseline-steps %d must be at least 1", o.steps, o.baselineSteps)
+	case o.device != "host" && o.device != "cuda":
+		return usagef("--device %q: want host or cuda", o.device)
+	case o.phase < 1:
+		return usagef("--phase %d: want at least 1 step", o.phase)
+	case o.patterns < 1:
+		return usagef("--patterns %d: want at least 1", o.patterns)
+	case o.lr < 0 || o.momentum < 0:
+		return usagef("--lr %g and --momentum %g cannot be negative", o.lr, o.momentum)
+	case o.hostBW < 0:
+		return usagef("--host-bw %g: cannot be negative", o.hostBW)
+	case o.workers < 0:
+		return usagef("--workers %d: cannot be negative", o.workers)
+	}
+	if _, err := parseLimit(o.limit, 1<<40); err != nil {
+		return err
+	}
+	if _, err := minSwap(o.minSwap, o.model); err != nil {
+		return usagef("--min-swap: %v", err)
+	}
+	if _, err := chameleon.ParseBytes(o.hostReserve); err != nil {
+		return usagef("--host-reserve: %v", err)
+	}
+	return nil
 }
 
 // backend is an opened device with its kernel factory.
@@ -196,8 +252,8 @@ func hostCostModel(workers int) layer.Estimator {
 	return m
 }
 
-func run(args []string, out io.Writer) error {
-	o, err := parse(args, out)
+func run(args []string, out, stderr io.Writer) error {
+	o, err := parse(args, stderr)
 	if err != nil {
 		return err
 	}
@@ -231,7 +287,7 @@ func run(args []string, out io.Writer) error {
 		base.Steps = o.steps
 	}
 	base.Limit = m.UpperBoundBytes()
-	noLimit := o.limit == "none" || o.limit == "0"
+	noLimit := strings.TrimSpace(o.limit) == "none"
 	if noLimit {
 		base.Steps = o.steps
 		if !o.quiet {
@@ -274,7 +330,7 @@ func run(args []string, out io.Writer) error {
 	if !o.quiet {
 		cfg.Progress = func(s Step) { printStep(out, s, o.dynamic) }
 	}
-	fmt.Fprintf(out, "limited run: %d steps, limit %s (%.0f%% of the unlimited peak); activations need %.2fx the limit\n",
+	fmt.Fprintf(out, "limited run: %d steps, limit %s (%.0f%% of the unlimited peak); the unlimited peak less persistent bytes is %.2fx the limit\n",
 		cfg.Steps, bytesStr(limit), 100*float64(limit)/float64(peak), float64(peak-m.PersistentBytes())/float64(limit))
 	rep, err := Train(b.dev, b.kernels, cfg)
 	if err != nil {
@@ -314,7 +370,7 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 	ls := rep.Losses()
 	st := rep.Stats
 	fmt.Fprintf(out, "  loss %.6f -> %.6f over %d steps (min %.6f)\n", ls[0], ls[len(ls)-1], len(ls), slices.Min(ls))
-	fmt.Fprintf(out, "  device memory: limit %s, peak %s (%s), unlimited peak %s; saved activations %s = %.2fx the limit\n",
+	fmt.Fprintf(out, "  device memory: limit %s, peak %s (%s), unlimited peak %s; saved activations by the model's count %s = %.2fx the limit\n",
 		bytesStr(limit), bytesStr(st.PeakDeviceBytes), okStr(st.PeakDeviceBytes <= limit, "within the limit", "OVER THE LIMIT"),
 		bytesStr(peak), bytesStr(o.model.SavedActivationBytes()), float64(o.model.SavedActivationBytes())/float64(limit))
 	stable := func(s Step) bool { return s.Result.Stage == seq.Stable }
@@ -407,22 +463,44 @@ func medianMS(steps []Step, keep func(Step) bool) float64 {
 	return (ts[len(ts)/2-1] + ts[len(ts)/2]) / 2
 }
 
-// parseLimit reads a percent of peak or a byte count.
+// parseLimit reads --limit: a share of peak in (0%, 100%], bytes with a
+// unit, or none (0: run only without a limit). A bare number is refused
+// ("50": did you mean 50%?), so are 0, negative sizes and shares above 100%.
 func parseLimit(s string, peak int64) (int64, error) {
 	s = strings.TrimSpace(s)
+	if s == "none" {
+		return 0, nil
+	}
 	if p, ok := strings.CutSuffix(s, "%"); ok {
-		f, err := strconv.ParseFloat(p, 64)
-		if err != nil || f <= 0 || f > 100 {
-			return 0, fmt.Errorf("--limit %q: want a percent in (0, 100]", s)
+		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		switch {
+		case err != nil || math.IsNaN(f) || math.IsInf(f, 0):
+			return 0, usagef("--limit %q: not a percentage", s)
+		case f <= 0:
+			return 0, usagef("--limit %q: a share of the peak must be above 0%% (none runs without a limit)", s)
+		case f > 100:
+			return 0, usagef("--limit %q: above 100%% of the peak limits nothing", s)
 		}
 		return int64(float64(peak) * f / 100), nil
 	}
-	if s == "none" || s == "0" {
-		return 0, nil
+	if strings.HasPrefix(s, "-") {
+		return 0, usagef("--limit %q: a size cannot be negative", s)
+	}
+	if v, err := strconv.ParseFloat(s, 64); err == nil {
+		switch {
+		case v == 0:
+			return 0, usagef("--limit %q holds nothing: none runs only without a limit", s)
+		case v <= 100:
+			return 0, usagef("--limit %q has no unit: did you mean %s%%? (bytes need a unit: %sMiB, %sB)", s, s, s, s)
+		}
+		return 0, usagef("--limit %q has no unit: give a share of the peak (50%%) or bytes with a unit (%sB, 512MiB)", s, s)
 	}
 	n, err := chameleon.ParseBytes(s)
 	if err != nil {
-		return 0, fmt.Errorf("--limit %q: %w", s, err)
+		return 0, usagef("--limit %q: %v", s, err)
+	}
+	if n <= 0 {
+		return 0, usagef("--limit %q holds nothing: none runs only without a limit", s)
 	}
 	return n, nil
 }

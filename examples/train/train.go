@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/chameleon-go/chameleon"
@@ -204,14 +205,19 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 }
 
 // newChooser picks the skip pattern of each step: pattern 0 for the first
-// phase, then a seeded random one per phase of the given length.
+// phase, then every pattern in a seeded order, over and over, so that each
+// phase switches and every pattern comes back (with 3 patterns and 12-step
+// phases, 60 steps run 0 a b 0 a: two returns the policy cache serves).
 func newChooser(seed uint64, patterns, phase int) func(step int) int {
-	return func(step int) int {
-		p := step / phase
-		if p == 0 || patterns < 2 {
-			return 0
+	order := []int{0}
+	if patterns > 1 {
+		rest := rand.New(rand.NewPCG(seed, 0xd1a)).Perm(patterns - 1)
+		for _, p := range rest {
+			order = append(order, p+1)
 		}
-		return int(compute.Hash(seed^0xd1a, uint64(p)) % uint64(patterns))
+	}
+	return func(step int) int {
+		return order[(step/phase)%len(order)]
 	}
 }
 

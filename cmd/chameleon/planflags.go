@@ -1,0 +1,76 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/plan"
+)
+
+// planFlags are plan's flags as given; check validates every one of them
+// before the trace is read.
+type planFlags struct {
+	trace                                 traceFlags
+	iter, groups, prefetch                int
+	limit, bandwidth, estimator, grouping string
+	curve, minBytes, tiers, plot          string
+	margin                                float64
+	recompute                             bool
+}
+
+func (f planFlags) check() (planConfig, error) {
+	if err := f.trace.check(); err != nil {
+		return planConfig{}, err
+	}
+	if err := checkLimit(f.limit); err != nil {
+		return planConfig{}, err
+	}
+	if err := checkIterGroups(f.iter, f.groups); err != nil {
+		return planConfig{}, err
+	}
+	if f.prefetch < 0 {
+		return planConfig{}, usagef("--prefetch %d: want 0 or more logical layers", f.prefetch)
+	}
+	if f.margin < 0 {
+		return planConfig{}, usagef("--margin %g: want 0 or more", f.margin)
+	}
+	rate, err := parseBandwidth(f.bandwidth)
+	if err != nil {
+		return planConfig{}, usagef("--bandwidth: %v", err)
+	}
+	e, ok := estimators[f.estimator]
+	if !ok {
+		return planConfig{}, usagef("--estimator: unknown %q (have %s)", f.estimator, strings.Join(estimatorNames(), ", "))
+	}
+	mb, err := chameleon.ParseBytes(f.minBytes)
+	if err != nil {
+		return planConfig{}, usagef("--min-bytes: %v", err)
+	}
+	var tierList []int
+	for t := range strings.SplitSeq(f.tiers, ",") {
+		if t = strings.TrimSuffix(strings.TrimSpace(t), "%"); t == "" {
+			continue
+		}
+		v, err := strconv.Atoi(t)
+		if err != nil {
+			return planConfig{}, usagef("--tiers: %q is not a whole percentage", t)
+		}
+		tierList = append(tierList, v)
+	}
+	if f.plot != "" {
+		if _, err := plotFormat(f.plot); err != nil {
+			return planConfig{}, usagef("--plot %v", err)
+		}
+	}
+	cfg := planConfig{iter: f.iter, limit: f.limit, bandwidth: rate, estimator: e, groups: f.groups, grouping: f.grouping,
+		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute}
+	opts, err := cfg.planOptions()
+	if err != nil {
+		return planConfig{}, usageError{err}
+	}
+	if err := plan.Validate(opts...); err != nil {
+		return planConfig{}, usageError{err}
+	}
+	return cfg, nil
+}

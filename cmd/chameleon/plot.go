@@ -1,0 +1,193 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// plotFormat is the image format --plot writes for path, from its
+// extension: svg or png.
+func plotFormat(path string) (string, error) {
+	switch ext := strings.ToLower(filepath.Ext(path)); ext {
+	case ".svg", ".png":
+		return ext[1:], nil
+	case "":
+		return "", fmt.Errorf("%q has no extension: want .svg or .png", path)
+	default:
+		return "", fmt.Errorf("%q: unknown extension %q, want .svg or .png", path, ext)
+	}
+}
+
+// The plot's layout: a memory panel above a swap panel, the legend in a
+// strip to their right, outside the data.
+const (
+	plotWidth   = 11 * vg.Inch
+	plotHeight  = 7 * vg.Inch
+	legendStrip = 2.4 * vg.Inch
+)
+
+// plotPlan draws the curve before and after the plan with the limit
+// (labelled) in the upper panel and, in the lower one, each swap on its own
+// row from the op its memory counts as free to the op its copy back starts,
+// so that many swaps stay apart. The format is the file's extension.
+func plotPlan(path string, r *planReport) error {
+	format, err := plotFormat(path)
+	if err != nil {
+		return err
+	}
+	pol := r.policy
+	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
+	n := len(pol.Curve)
+
+	mem := plot.New()
+	mem.Title.Text = fmt.Sprintf("%s, iteration %d\nlimit %s (planned for %s): overhead %.1f%% (bound %.1f%%), %d swaps",
+		filepath.Base(r.Trace), r.Iter, fmtBytes(r.LimitBytes), fmtBytes(r.PlannedBytes), r.OverheadPct, r.OverheadPctBoundPlanned, len(pol.Swaps))
+	mem.Title.Padding = vg.Points(6)
+	mem.Y.Label.Text = "device memory, GiB"
+	mem.X.Label.Text = "op"
+	mem.Add(plotter.NewGrid())
+	before := make(plotter.XYs, n)
+	after := make(plotter.XYs, n)
+	var top float64
+	for t := range n {
+		before[t] = plotter.XY{X: float64(t), Y: gib(pol.Curve[t])}
+		after[t] = plotter.XY{X: float64(t), Y: gib(pol.Sim.Ops[t].Mem)}
+		top = max(top, before[t].Y, after[t].Y)
+	}
+	lb, err := plotter.NewLine(before)
+	if err != nil {
+		return err
+	}
+	lb.Color, lb.Width = plotColor(120, 120, 120), vg.Points(1.2)
+	la, err := plotter.NewLine(after)
+	if err != nil {
+		return err
+	}
+	la.Color, la.Width = plotColor(20, 90, 200), vg.Points(1.2)
+	limit := gib(r.LimitBytes)
+	lim, err := plotter.NewLine(plotter.XYs{{X: 0, Y: limit}, {X: float64(n - 1), Y: limit}})
+	if err != nil {
+		return err
+	}
+	lim.Color, lim.Width = plotColor(210, 30, 30), vg.Points(1.5)
+	lim.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+	label, err := plotter.NewLabels(plotter.XYLabels{
+		XYs:    []plotter.XY{{X: 0, Y: limit}},
+		Labels: []string{"limit " + fmtBytes(r.LimitBytes)},
+	})
+	if err != nil {
+		return err
+	}
+	for i := range label.TextStyle {
+		label.TextStyle[i].Color = lim.Color
+		label.TextStyle[i].YAlign = draw.YBottom
+	}
+	label.Offset = vg.Point{X: vg.Points(4), Y: vg.Points(2)}
+	mem.Add(lb, la, lim, label)
+	mem.X.Min, mem.X.Max = 0, float64(n-1)
+	mem.Y.Min, mem.Y.Max = 0, max(top, limit)*1.08
+
+	// One row per swap, in the order their memory frees; a wrapping swap
+	// (free over the end of one step and the start of the next) has two
+	// pieces on its row.
+	lanes := plot.New()
+	lanes.X.Label.Text = "op"
+	lanes.Y.Label.Text = "swap (by the op it frees at)"
+	lanes.X.Min, lanes.X.Max = 0, float64(n-1)
+	order := make([]int, len(pol.Swaps))
+	for x := range order {
+		order[x] = x
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return pol.Sim.Freed[a] - pol.Sim.Freed[b] })
+	rows := max(len(order), 1)
+	lanes.Y.Min, lanes.Y.Max = -0.5, float64(rows)-0.5
+	lanes.Y.Tick.Marker = laneTicks{}
+	// Thick enough to see, thin enough that rows stay apart: about 70% of a
+	// row of the lower panel (half the height, less axes).
+	width := vg.Length(float64(plotHeight/2-vg.Inch) / float64(rows) * 0.7)
+	width = min(max(width, vg.Points(1)), vg.Points(8))
+	spanColor := plotColor(30, 160, 80)
+	var thumb *plotter.Line
+	for row, x := range order {
+		s := pol.Swaps[x]
+		free, in, y := float64(pol.Sim.Freed[x]), float64(s.In), float64(row)
+		pieces := []plotter.XYs{{{X: free, Y: y}, {X: in, Y: y}}}
+		if s.In < pol.Sim.Freed[x] {
+			pieces = []plotter.XYs{{{X: 0, Y: y}, {X: in, Y: y}}, {{X: free, Y: y}, {X: float64(n - 1), Y: y}}}
+		}
+		for _, xy := range pieces {
+			seg, err := plotter.NewLine(xy)
+			if err != nil {
+				return err
+			}
+			seg.Color, seg.Width = spanColor, width
+			lanes.Add(seg)
+			thumb = seg
+		}
+	}
+	lanes.Add(plotter.NewGrid())
+
+	leg := plot.NewLegend()
+	leg.Top, leg.Left = true, true
+	leg.Add("recorded", lb)
+	leg.Add("with swaps", la)
+	leg.Add("limit", lim)
+	if thumb != nil {
+		t := *thumb
+		t.Width = vg.Points(4)
+		leg.Add("swap: memory free\nuntil the copy back", &t)
+	}
+
+	c, err := draw.NewFormattedCanvas(plotWidth, plotHeight, format)
+	if err != nil {
+		return err
+	}
+	dc := draw.New(c)
+	dc.SetColor(color.White) // the legend strip too, not only the panels
+	dc.Fill(dc.Rectangle.Path())
+	data := draw.Crop(dc, 0, -legendStrip, 0, 0)
+	tiles := plot.Align([][]*plot.Plot{{mem}, {lanes}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(4), PadBottom: vg.Points(4),
+		PadLeft: vg.Points(4), PadRight: vg.Points(8), PadY: vg.Points(10)}, data)
+	mem.Draw(tiles[0][0])
+	lanes.Draw(tiles[1][0])
+	side := draw.Crop(dc, plotWidth-legendStrip+vg.Points(6), 0, 0, -vg.Points(48))
+	leg.Draw(side)
+
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := c.WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// laneTicks numbers the swap rows: about eight labelled ticks whatever the
+// number of rows.
+type laneTicks struct{}
+
+func (laneTicks) Ticks(lo, hi float64) []plot.Tick {
+	rows := int(hi - lo + 0.5) // lo is -0.5
+	step := max(1, (rows+7)/8)
+	if step > 5 {
+		step = (step + 4) / 5 * 5
+	}
+	var ts []plot.Tick
+	for i := 0; i < rows; i += step {
+		ts = append(ts, plot.Tick{Value: float64(i), Label: fmt.Sprint(i + 1)})
+	}
+	return ts
+}
+
+func plotColor(r, g, b uint8) color.Color { return color.RGBA{R: r, G: g, B: b, A: 255} }

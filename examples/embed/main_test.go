@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The embedding example runs: it swaps (its activations are more than the
+// limit), plans a policy, runs STABLE steps under it and reads back every
+// byte it wrote (run fails otherwise).
+func TestEmbed(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, run(&out, 12))
+	s := out.String()
+	assert.Contains(t, s, "STABLE")
+	assert.Contains(t, s, "every byte read back intact")
+	m := regexp.MustCompile(`peak (\d+) KiB`).FindStringSubmatch(s)
+	require.NotNil(t, m, s)
+	peak, _ := strconv.Atoi(m[1])
+	assert.LessOrEqual(t, peak, limit>>10, "within the limit")
+	assert.Regexp(t, `swapped [1-9]\d* KiB out`, s)
+	assert.Regexp(t, `[1-9]\d* policies planned`, s)
+	assert.Regexp(t, `STABLE +planned swaps out [1-9]`, s, "the policy's swaps run")
+}
+
+// The README shows this program's loop as it is.
+func TestREADMEShowsIt(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	body := string(src[bytes.Index(src, []byte("func run(out io.Writer")):])
+	assert.Contains(t, string(readme), strings.TrimSpace(body), "README.md's embedding loop differs from examples/embed/main.go")
+	assert.Contains(t, string(readme), "go install github.com/chameleon-go/chameleon/cmd/chameleon@latest")
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// -h exits 0; an unknown flag 2, said once; every bad flag value is refused
+// before the unlimited run starts.
+func TestCommandLine(t *testing.T) {
+	var out, errb bytes.Buffer
+	assert.Equal(t, 0, runMain([]string{"-h"}, &out, &errb))
+	assert.Contains(t, errb.String(), "-limit")
+	assert.Empty(t, out.String())
+
+	errb.Reset()
+	assert.Equal(t, 2, runMain([]string{"--bogus"}, &out, &errb))
+	assert.Equal(t, 1, strings.Count(errb.String(), "flag provided but not defined: -bogus"), errb.String())
+
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--limit", "abc"}, `--limit "abc"`},
+		{[]string{"--limit", "90"}, "did you mean 90%?"},
+		{[]string{"--limit", "0"}, "none runs only without a limit"},
+		{[]string{"--limit", "0%"}, "above 0%"},
+		{[]string{"--limit", "150%"}, "above 100%"},
+		{[]string{"--limit", "-1GiB"}, "negative"},
+		{[]string{"--limit", "4096"}, "no unit"},
+		{[]string{"--device", "tpu"}, "--device"},
+		{[]string{"--min-swap", "x"}, "--min-swap"},
+		{[]string{"--host-reserve", "x"}, "--host-reserve"},
+		{[]string{"--phase", "0"}, "--phase 0"},
+		{[]string{"--patterns", "0"}, "--patterns 0"},
+		{[]string{"--steps", "0"}, "--steps 0"},
+		{[]string{"--layers", "0"}, "Layers:0"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	}
+	for _, tt := range tests {
+		out.Reset()
+		errb.Reset()
+		assert.Equal(t, 2, runMain(tt.args, &out, &errb), "%v: %s", tt.args, errb.String())
+		assert.Contains(t, errb.String(), tt.want, "%v", tt.args)
+		assert.Equal(t, 1, strings.Count(errb.String(), "train:"), "%v: one error:\n%s", tt.args, errb.String())
+		assert.Empty(t, out.String(), "%v: work started before the flags were checked", tt.args)
+	}
+}
+
+func TestParseLimit(t *testing.T) {
+	for s, want := range map[string]int64{"50%": 500, "100%": 1000, "2KiB": 2048, "1e3B": 1000, "none": 0, " 25% ": 250} {
+		got, err := parseLimit(s, 1000)
+		assert.NoError(t, err, s)
+		assert.Equal(t, want, got, s)
+	}
+}
