@@ -4,8 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
