@@ -207,3 +207,30 @@ llama16-lora, llama7b-8l-bf16), dur_us on the host-bound mixtral8-eager-bf16, wh
 are only a fifth of its step; there the model spreads the host's dispatch time over the ops
 (DefaultHostRatio) and is only asked to beat op-count spreading.
 `
+
+func TestMeasured(t *testing.T) {
+	it := loadTrace(t, repoFile(t, "testdata/llama4-small.jsonl.gz")).Iterations[0]
+	k := &trace.Kernels{}
+	for i := range it.Ops {
+		k.Ops = append(k.Ops, trace.KernelOp{Seq: i, Name: it.Ops[i].Name, KernelUS: float64(i % 7)})
+	}
+	m := FromKernels(k)
+	require.NoError(t, m.Check(it))
+	est := m.Estimate(it)
+	var sum float64
+	for i, v := range est {
+		sum += v
+		assert.InDelta(t, float64(i%7)*est[1], v, 1e-9*it.TimeMS*1000, "op %d: proportional to its kernel time", i)
+	}
+	assert.InDelta(t, it.TimeMS*1000, sum, 1e-6*it.TimeMS*1000)
+	// Another op sequence falls back to the default estimator.
+	k.Ops[3].Name = "aten::other"
+	m = FromKernels(k)
+	assert.ErrorContains(t, m.Check(it), "op 3 is aten::other")
+	assert.Equal(t, Default().Estimate(it), m.Estimate(it))
+	m.US = m.US[:10]
+	assert.ErrorContains(t, m.Check(it), "10 measured ops")
+	// Recorded follows dur_us.
+	rec := Recorded{}.Estimate(it)
+	assert.InDelta(t, it.Ops[5].DurUS/it.Ops[6].DurUS, rec[5]/rec[6], 1e-9)
+}
