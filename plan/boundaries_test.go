@@ -30,3 +30,33 @@ func TestParseBoundaries(t *testing.T) {
 		assert.ErrorContains(t, err, "boundaries", "%q", bad)
 	}
 }
+
+// FuzzParseBoundaries: any text is a grouper or an error, and a grouper's
+// groups cover the ops in order, one phase each.
+func FuzzParseBoundaries(f *testing.F) {
+	for _, s := range []string{"120,240,360", "model.layers.*", "0", "*.*", "1,,2", "9999999999999999999", "model.layers.*.mlp"} {
+		f.Add(s)
+	}
+	it := testtraces.Read(f, testtraces.Small).Iterations[0]
+	f.Fuzz(func(t *testing.T, s string) {
+		g, err := ParseBoundaries(s)
+		if err != nil {
+			return
+		}
+		next := 0
+		for _, x := range g.Group(it.Ops) {
+			if x.First != next || x.Last < x.First {
+				t.Fatalf("%q: group %+v after op %d", s, x, next-1)
+			}
+			for i := x.First; i <= x.Last; i++ {
+				if it.Ops[i].Phase != x.Phase {
+					t.Fatalf("%q: group %+v mixes phases", s, x)
+				}
+			}
+			next = x.Last + 1
+		}
+		if next != len(it.Ops) {
+			t.Fatalf("%q: groups end at %d of %d ops", s, next, len(it.Ops))
+		}
+	})
+}

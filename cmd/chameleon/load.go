@@ -2,10 +2,12 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 
+	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/seq"
 
 	"github.com/chameleon-go/chameleon/trace"
@@ -16,22 +18,82 @@ import (
 // file, or a PyTorch Execution Trace with the Kineto profile of the same
 // step.
 type traceFlags struct {
-	path, kineto *string
+	path, kineto, kernels *string
+	// kt is what load found of kernel times: the --kernels file, or the
+	// Kineto profile's GPU kernels of an imported Execution Trace.
+	kt *kernelTimes
+}
+
+// kernelTimes are measured per-op kernel times and where they come from.
+type kernelTimes struct {
+	est  *layer.Measured
+	from string // the file
+	iter int    // the trace position they time; -1: any iteration of their op sequence
 }
 
 func addTraceFlags(fs *flag.FlagSet) traceFlags {
 	return traceFlags{
-		path:   fs.String("trace", "", "trace `file`: optrace/v1, or a PyTorch Execution Trace with --kineto (gzip or plain)"),
-		kineto: fs.String("kineto", "", "Kineto (Chrome trace) `file` of the same step as the Execution Trace given by --trace"),
+		path:    fs.String("trace", "", "trace `file`: optrace/v1, or a PyTorch Execution Trace with --kineto (gzip or plain)"),
+		kineto:  fs.String("kineto", "", "Kineto (Chrome trace) `file` of the same step as the Execution Trace given by --trace"),
+		kernels: fs.String("kernels", "", "optrace-kernels/v1 `file`: each op's GPU kernel time, to plan with instead of estimates"),
+		kt:      &kernelTimes{},
 	}
 }
 
-// load reads the whole trace.
-func (f traceFlags) load() (*trace.Trace, error) {
+// load reads the whole trace, and the kernel times the flags give.
+func (f traceFlags) load() (*trace.Trace, error) { return f.loadWarn(io.Discard) }
+
+// loadWarn is load; what the import warns of (an Execution Trace whose
+// profiled step was host-bound) goes to warn.
+func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
+	var tr *trace.Trace
 	if *f.kineto != "" {
-		return pytorch.Import(*f.path, *f.kineto)
+		res, err := pytorch.LoadFiles(*f.path, *f.kineto)
+		if err != nil {
+			return nil, err
+		}
+		tr = res.Trace
+		for _, w := range res.Warnings {
+			fmt.Fprintf(warn, "warning: %s\n", w)
+		}
+		us := make([]float64, len(res.Ops))
+		for i, oi := range res.Ops {
+			us[i] = oi.KernelUS
+		}
+		if res.KernelUS > 0 {
+			*f.kt = kernelTimes{est: &layer.Measured{US: us}, from: *f.kineto, iter: 0}
+		}
+	} else {
+		var err error
+		if tr, err = trace.ReadFile(*f.path); err != nil {
+			return nil, err
+		}
 	}
-	return trace.ReadFile(*f.path)
+	if *f.kernels != "" {
+		k, err := trace.ReadKernelsFile(*f.kernels)
+		if err != nil {
+			return nil, fmt.Errorf("--kernels: %w", err)
+		}
+		*f.kt = kernelTimes{est: layer.FromKernels(k), from: *f.kernels, iter: -1}
+	}
+	return tr, nil
+}
+
+// opTimes returns the estimator of measured kernel times for iteration k
+// of tr and the time base, or (nil, "") when the flags give none. A
+// --kernels file that does not time iteration k is an error naming both.
+func (f traceFlags) opTimes(tr *trace.Trace, k int) (layer.Estimator, string, error) {
+	kt := f.kt
+	if kt == nil || kt.est == nil {
+		return nil, "", nil
+	}
+	if kt.iter >= 0 && kt.iter != k {
+		return nil, "", fmt.Errorf("%s times iteration %d, not %d", kt.from, kt.iter, k)
+	}
+	if err := kt.est.Check(tr.Iterations[k]); err != nil {
+		return nil, "", fmt.Errorf("--kernels %s: iteration %d of %s: %w", kt.from, k, *f.path, err)
+	}
+	return kt.est, layer.BaseKernels, nil
 }
 
 // detectionFlags registers the change-detection thresholds and stage
