@@ -22,13 +22,13 @@ func init() {
 
 // profileReport is the --json output of profile.
 type profileReport struct {
-	Trace             string         `json:"trace"`
-	Iter              int            `json:"iter"`
-	Ops               int            `json:"ops"`
-	IterationMS       float64        `json:"iteration_ms"`
-	PeakBytesRecorded int64          `json:"peak_bytes_recorded"`
-	PeakBytesModel    int64          `json:"peak_bytes_model"`
-	MaxOpErrorPct     float64        `json:"max_op_error_pct"`
+	Trace             string  `json:"trace"`
+	Iter              int     `json:"iter"`
+	Ops               int     `json:"ops"`
+	IterationMS       float64 `json:"iteration_ms"`
+	PeakBytesRecorded int64   `json:"peak_bytes_recorded"`
+	PeakBytesModel    int64   `json:"peak_bytes_model"`
+	MaxOpErrorPct     float64 `json:"max_op_error_pct"`
 	// TimeBase is where the estimated op times come from: "kernels" (a
 	// --kernels file, or the Kineto kernels of an Execution Trace) or
 	// "estimated" (the cost model).
