@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/mre"
@@ -218,6 +220,23 @@ func WithPrefetchLayers(n int) Option { return WithPlanOptions(mre.WithPrefetchL
 
 // WithMinSwapBytes is WithPlanOptions(mre.WithMinBytes(n)).
 func WithMinSwapBytes(n int64) Option { return WithPlanOptions(mre.WithMinBytes(n)) }
+
+// AscendSafetyMargin is the safety margin on copy times the Engine plans
+// with on an Ascend NPU: every modeled copy is taken as 15% longer, because
+// an NPU's host link rate varies more than a GPU's. It applies when the
+// device's name says "npu:" (as device/ascend names its devices), before
+// the options given, so WithPlanOptions(mre.WithSafetyMargin(m)) replaces
+// it (m = 0 turns it off); on other devices the margin is mre's default, 0.
+const AscendSafetyMargin = 0.15
+
+// deviceDefaults are the planning settings dev calls for, placed before the
+// Engine's own so that those override them.
+func deviceDefaults(dev device.Device) []plan.Option {
+	if strings.Contains(dev.Name(), "npu:") {
+		return []plan.Option{plan.WithPlanOptions(mre.WithSafetyMargin(AscendSafetyMargin))}
+	}
+	return nil
+}
 
 // WithGroups sets the logical layers per forward and backward of the
 // default grouping (plan.Uniform; default plan.DefaultGroups, 32).

@@ -174,7 +174,7 @@ func (e *Engine) cached(k policyKey) bool {
 // by handle, activations by their match features.
 func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, ord map[trace.TensorID]uint32, key policyKey) (*policy, *plan.Result, error) {
 	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
-	opts := append(slices.Clone(e.cfg.planning), plan.WithObserver(e.spans(ctx)))
+	opts := append(append(deviceDefaults(e.dev), e.cfg.planning...), plan.WithObserver(e.spans(ctx)))
 	if slices.Contains(hostRecompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
 	}

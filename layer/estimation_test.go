@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,7 +32,7 @@ var publicTraces = []string{
 func truthFor(dir, name string, it *trace.Iteration) ([]float64, string) {
 	k, _ := trace.ReadKernelsFile(filepath.Join(dir, name+".kernels.json.gz"))
 	target := it.TimeMS * 1000
-	if k != nil && k.KernelMSTotal >= 0.8*k.IterationMS {
+	if k != nil && gpuBound(k, it) {
 		if kt := kernelsFor(k, it); kt != nil {
 			return scaleTo(kt, target), "kernel_us"
 		}
@@ -40,6 +41,17 @@ func truthFor(dir, name string, it *trace.Iteration) ([]float64, string) {
 		return scaleTo(rawDur(it), target), "dur_us (host-bound)"
 	}
 	return scaleTo(durTruth(it), target), "dur_us - floor"
+}
+
+// gpuBound reports whether the kernels cover most of the step: 80% of the
+// profiled iteration or of the recorded step, whichever is shorter (the
+// profiler's own overhead lengthens a step with many small ops).
+func gpuBound(k *trace.Kernels, it *trace.Iteration) bool {
+	ref := k.IterationMS
+	if it.TimeMS > 0 && it.TimeMS < ref {
+		ref = it.TimeMS
+	}
+	return k.KernelMSTotal >= 0.8*ref
 }
 
 // profileFor picks the detailed profile the learned estimators may use for
@@ -112,7 +124,10 @@ func TestEstimationTable(t *testing.T) {
 		t.Skip("no ../shared/traces")
 	}
 	var all []errRow
-	for _, name := range publicTraces {
+	// llama16-lora's layers are not discovered (its adapters break the
+	// block's k-grams: TestDiscoverMatchesModulePaths leaves it out), so
+	// its "layers" rows are uniform cuts.
+	for _, name := range append(slices.Clone(publicTraces), "llama16-lora") {
 		if _, err := os.Stat(filepath.Join(dir, name+".jsonl.gz")); err != nil {
 			continue
 		}
@@ -145,7 +160,8 @@ func TestEstimationTable(t *testing.T) {
 	}
 	assert.Equal(t, 16, checked, "kernel-truth rows checked")
 	if *updateDoc {
-		writeDoc(t, all)
+		cells, _ := carryTable(t, dir)
+		writeDoc(t, all, cells)
 	}
 	for _, r := range all {
 		t.Logf("%-20s %-7s N=%-2d g=%-3d opcount %5.1f%%/%5.1f%% tokens %5.1f%%/%5.1f%% cost %5.1f%%/%5.1f%%", r.trace, r.grouping, r.n, r.groups,
@@ -153,7 +169,7 @@ func TestEstimationTable(t *testing.T) {
 	}
 }
 
-func writeDoc(t *testing.T, rows []errRow) {
+func writeDoc(t *testing.T, rows []errRow, cells []carryCell) {
 	var b strings.Builder
 	b.WriteString(docHead)
 	b.WriteString("| trace | truth | grouping | N | groups | OpCount mean / max | learned tokens mean / max | cost model (default) mean / max |\n")
@@ -162,6 +178,7 @@ func writeDoc(t *testing.T, rows []errRow) {
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %.1f%% / %.1f%% | %.1f%% / %.1f%% | %.1f%% / %.1f%% |\n",
 			r.trace, r.truth, r.grouping, r.n, r.groups, 100*r.mean[0], 100*r.max[0], 100*r.mean[1], 100*r.max[1], 100*r.mean[2], 100*r.max[2])
 	}
+	writeCarry(&b, cells)
 	b.WriteString(docTail)
 	path := repoFile(t, "docs/estimation.md")
 	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
@@ -183,15 +200,18 @@ Estimators (all scaled to the iteration's measured time):
 - learned tokens: mean time per op token learned from another iteration of the same trace
   (its dur_us less the sync floor), applied to this one.
 - cost model (layer.Default): roofline per op from the tensors' shapes and sizes (GEMM and
-  attention FLOPs, bytes of the storages read and written), H200 constants, and per-kind and
-  per-token efficiencies fitted once on the kernel times of llama16-bf16
-  (llama16-bf16.kernels.json.gz). For llama16-bf16 itself the rows are therefore in-sample;
-  every other trace is out of sample.
+  attention FLOPs, bytes of the storages read and written), H200 constants, one efficiency per
+  op kind (matmul, attention, attention backward, optimizer, elementwise, strided layout
+  copies, reductions, gathers, scatters) and phase, bounded to [0.02, 1], and a launch floor:
+  layer.Fit on the kernel times of llama16-bf16 (llama16-bf16.kernels.json.gz), nothing per
+  op name. For llama16-bf16 itself the rows are in sample; every other trace is out of
+  sample. In a host-bound step (modeled kernels under 70% of the step) every op adds the
+  host's dispatch time, five times as long for an op that launches a kernel as for a view.
 
 Truth per trace:
-- kernel_us (llama16-bf16, llama7b-8l-bf16): each op's GPU kernel time from the kernels file,
-  scaled to the iteration time. These runs are GPU-bound (kernel time 112 of 116 ms and 196 of
-  197 ms), so the kernel timeline is the real one. This is the truth the under-2% goal is
+- kernel_us (llama16-bf16, llama16-lora, llama7b-8l-bf16): each op's GPU kernel time from the
+  kernels file, scaled to the iteration time. These runs are GPU-bound (kernel time 112 of
+  116 ms, 117 of 123 ms and 196 of 197 ms), so the kernel timeline is the real one. This is the truth the under-2% goal is
   measured against.
 - dur_us (host-bound), mixtral8-eager-bf16: its kernels cover 43 of 288 ms, so kernel time is
   not its timeline; in a launch-bound step each op holds the timeline for its launch and host
@@ -208,23 +228,29 @@ Truth per trace:
 const docTail = `
 ## Where it fails, and why
 
-- Kernel truth, N <= 32: the cost model stays at 1.2-1.4% mean on llama16-bf16 (in sample)
-  with discovered layers, and 2.4-3.3% on llama7b-8l-bf16 (out of sample: the efficiencies
-  learned on llama16 carry over to hidden 4096 / sequence 4096, but attention and the strided
-  copies (cat, clone, slice_backward) reach different shares of the roofline at the larger
-  shape). Uniform groups at N = 32-64 cut layers into pieces of a few ops, where one
-  misestimated op is the whole group: mean 5-9%, max up to 80% on tiny groups.
+- Kernel truth: with discovered layers the default stays at 1.2-1.4% mean on llama16-bf16
+  (in sample) and about 3% on llama16-lora and llama7b-8l-bf16 (out of sample). Fitted on any
+  one profiled trace, the model stays within 10% on every GPU-bound trace with discovered
+  layers (worst: fitted on llama16-lora, 7% on llama7b-8l). The uniform cut at N = 32 splits
+  layers into groups of 30-40 ops, where the spread of efficiencies inside one kind (a
+  forward mul.Tensor at 57% of the bandwidth beside a pow at 100%) is not averaged away:
+  5-10% mean, and 16% on llama7b-8l when fitted on mixtral8, whose small expert kernels reach
+  other shares (attention at 68% against 100% at llama7b-8l's head dim 128 and sequence 4096).
+- What a fit on one model cannot know: attention efficiency grows with head dim and sequence
+  (llama16 at 64/2048: 93% of the non-causal FLOP count; llama7b-8l at 128/4096: over 100%,
+  because a causal kernel skips half of it); a kind a trace does not run, or runs only in
+  launch-bound slivers, keeps a prior (gather 0.4, scatter 0.1, optimizer 0.38).
 - The max column is dominated by the smallest groups: the epilogue of backward (embedding
   backward, 2 ops), the prologue, the optimizer step. Their absolute error is a few hundred
   microseconds.
 - mixtral8-eager-bf16 is host-bound: no estimator built from device costs can know how long
-  the host takes per op (nonzero and .item() syncs in the expert loop). The cost model sees
-  that its device time explains under 70% of the step and spreads the rest as a per-op launch
-  time, which is still 26-38% off the dur_us truth; learned tokens do best there (17-23%)
-  because they learn the host cost per op kind.
+  the host takes per op (a cuBLAS call with a new expert shape spends ~300 us on the host,
+  index_put with accumulate sorts and syncs). The host-time spreading beats op-count
+  spreading there, narrowly with discovered layers; learned tokens do best (17-23%) because
+  they learn the host cost per op token from the same trace.
 - The dur_us-floor rows (ckpt, dynseq, fp16-scaler, llama4-small) should be read with the
   proxy's own 25% error in mind; the per-token estimator, learned from the same proxy on a
   neighbouring iteration, is favoured by it.
 - Not done: calibration from dur_us when no kernel file exists, fp16 GEMM efficiencies from a
-  fp16 profile, and a host-time model for launch-bound steps.
+  fp16 profile, and a host-time model per op kind for launch-bound steps.
 `

@@ -16,7 +16,7 @@ import (
 	"strings"
 
 	"github.com/chameleon-go/chameleon"
-
+	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
@@ -29,13 +29,25 @@ import (
 // file, or a PyTorch Execution Trace with the Kineto profile of the same
 // step.
 type traceFlags struct {
-	path, kineto *string
+	path, kineto, kernels *string
+	// kt is what load found of kernel times: the --kernels file, or the
+	// Kineto profile's GPU kernels of an imported Execution Trace.
+	kt *kernelTimes
+}
+
+// kernelTimes are measured per-op kernel times and where they come from.
+type kernelTimes struct {
+	est  *layer.Measured
+	from string // the file
+	iter int    // the trace position they time; -1: any iteration of their op sequence
 }
 
 func addTraceFlags(fs *flag.FlagSet) traceFlags {
 	return traceFlags{
-		path:   fs.String("trace", "", "trace `file`: optrace/v1, or a PyTorch Execution Trace with --kineto (gzip or plain)"),
-		kineto: fs.String("kineto", "", "Kineto (Chrome trace) `file` of the same step as the Execution Trace given by --trace"),
+		path:    fs.String("trace", "", "trace `file`: optrace/v1, or a PyTorch Execution Trace with --kineto (gzip or plain)"),
+		kineto:  fs.String("kineto", "", "Kineto (Chrome trace) `file` of the same step as the Execution Trace given by --trace"),
+		kernels: fs.String("kernels", "", "optrace-kernels/v1 `file`: each op's GPU kernel time, to plan with instead of estimates"),
+		kt:      &kernelTimes{},
 	}
 }
 
@@ -47,18 +59,42 @@ func (f traceFlags) check() error {
 	return nil
 }
 
-// load reads the whole trace. An error on a file that looks like the other
-// kind of trace gets a hint.
-func (f traceFlags) load() (*trace.Trace, error) {
+// load reads the whole trace, and the kernel times the flags give. An
+// error on a file that looks like the other kind of trace gets a hint.
+func (f traceFlags) load() (*trace.Trace, error) { return f.loadWarn(io.Discard) }
+
+// loadWarn is load; what the import warns of (an Execution Trace whose
+// profiled step was host-bound) goes to warn.
+func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
 	var tr *trace.Trace
-	var err error
 	if *f.kineto != "" {
-		tr, err = pytorch.Import(*f.path, *f.kineto)
+		res, err := pytorch.LoadFiles(*f.path, *f.kineto)
+		if err != nil {
+			return nil, f.hinted(err)
+		}
+		tr = res.Trace
+		for _, w := range res.Warnings {
+			fmt.Fprintf(warn, "warning: %s\n", w)
+		}
+		us := make([]float64, len(res.Ops))
+		for i, oi := range res.Ops {
+			us[i] = oi.KernelUS
+		}
+		if res.KernelUS > 0 {
+			*f.kt = kernelTimes{est: &layer.Measured{US: us}, from: *f.kineto, iter: 0}
+		}
 	} else {
-		tr, err = trace.ReadFile(*f.path)
+		var err error
+		if tr, err = trace.ReadFile(*f.path); err != nil {
+			return nil, f.hinted(err)
+		}
 	}
-	if err != nil {
-		return nil, f.hinted(err)
+	if *f.kernels != "" {
+		k, err := trace.ReadKernelsFile(*f.kernels)
+		if err != nil {
+			return nil, fmt.Errorf("--kernels: %w", err)
+		}
+		*f.kt = kernelTimes{est: layer.FromKernels(k), from: *f.kernels, iter: -1}
 	}
 	return tr, nil
 }
@@ -70,6 +106,23 @@ func (f traceFlags) hinted(err error) error {
 		return fmt.Errorf("%w\n  hint: %s: %s", err, *f.path, hint)
 	}
 	return err
+}
+
+// opTimes returns the estimator of measured kernel times for iteration k
+// of tr and the time base, or (nil, "") when the flags give none. A
+// --kernels file that does not time iteration k is an error naming both.
+func (f traceFlags) opTimes(tr *trace.Trace, k int) (layer.Estimator, string, error) {
+	kt := f.kt
+	if kt == nil || kt.est == nil {
+		return nil, "", nil
+	}
+	if kt.iter >= 0 && kt.iter != k {
+		return nil, "", fmt.Errorf("%s times iteration %d, not %d", kt.from, kt.iter, k)
+	}
+	if err := kt.est.Check(tr.Iterations[k]); err != nil {
+		return nil, "", fmt.Errorf("--kernels %s: iteration %d of %s: %w", kt.from, k, *f.path, err)
+	}
+	return kt.est, layer.BaseKernels, nil
 }
 
 // detectionFlags registers the change-detection thresholds and stage
@@ -258,8 +311,9 @@ func pickIter(iter, n int) (int, error) {
 // replayJSON is replay's --json output: the replay's report with the
 // schema fields every command's output starts with.
 type replayJSON struct {
-	Schema  int    `json:"schema"`
-	Command string `json:"command"`
+	Schema   int    `json:"schema"`
+	Command  string `json:"command"`
+	TimeBase string `json:"time_base"`
 	*replay.Report
 }
 

@@ -29,8 +29,9 @@ func init() {
 
 // estimators are the op-time estimators --estimator picks from.
 var estimators = map[string]layer.Estimator{
-	"opcount": layer.OpCount{},
-	"cost":    layer.Default(),
+	"opcount":  layer.OpCount{},
+	"cost":     layer.Default(),
+	"recorded": layer.Recorded{},
 }
 
 // defaultEstimator is the --estimator default; it names an entry of
@@ -49,9 +50,11 @@ type planConfig struct {
 	minBytes  int64
 	prefetch  int // logical layers; the flag's default is mre's
 	margin    float64
-	curve     string // recorded or model
-	tiers     []int  // percent of the limit; nil: the planning path's
-	recompute bool   // drop and recompute what mre.Recomputable allows
+	curve     string       // recorded or model
+	tiers     []int        // percent of the limit; nil: the planning path's
+	recompute bool         // drop and recompute what mre.Recomputable allows
+	grouper   plan.Grouper // --boundaries; nil: grouping and groups
+	timeBase  string       // where the op times come from (layer.Base*)
 }
 
 // planOptions are cfg's settings of the planning path; what a field leaves
@@ -67,6 +70,9 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 		opts = append(opts, plan.WithGrouper(plan.Discovered(groups)))
 	default:
 		return nil, fmt.Errorf("--grouping: %q, want discovered or uniform", cfg.grouping)
+	}
+	if cfg.grouper != nil {
+		opts = append(opts, plan.WithGrouper(cfg.grouper))
 	}
 	switch cfg.curve {
 	case "", "recorded":
@@ -107,8 +113,13 @@ type planReport struct {
 	LimitBytes int64  `json:"limit_bytes"`
 	// PlannedBytes is the limit tier the plan meets (90%, 95% or 100% of
 	// the limit, the lowest that can be met): what the Engine plans for.
-	PlannedBytes    int64   `json:"planned_limit_bytes"`
-	Groups          int     `json:"groups"`
+	PlannedBytes int64  `json:"planned_limit_bytes"`
+	Groups       int    `json:"groups"`
+	GroupsNote   string `json:"groups_note"`
+	// TimeBase is where the op times come from: "kernels" (--kernels, or
+	// the Kineto kernels of an Execution Trace), "recorded" (the trace's
+	// per-op durations, --estimator recorded) or "estimated".
+	TimeBase        string  `json:"time_base"`
 	Curve           string  `json:"curve"`
 	PeakBytesBefore int64   `json:"peak_bytes_before"`
 	PeakBytesAfter  int64   `json:"peak_bytes_after"`
@@ -169,6 +180,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use (0 or more)")
 	margin := fs.Float64("margin", 0, "safety margin on copy times (0.15 for Ascend-like devices)")
 	recompute := fs.Bool("recompute", false, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps")
+	bounds := fs.String("boundaries", "", "layer boundaries by hand: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*); replaces --grouping and --groups")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); an infeasible limit prints feasible:false with the shortfall and exits 0")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit and the swap spans (`file`.svg or .png)")
@@ -177,16 +189,30 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg, err := planFlags{trace: tf, iter: *iter, limit: *limit, bandwidth: *bw, estimator: *est, groups: *groups, grouping: *grouping,
-		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath}.check()
+		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath,
+		boundaries: *bounds}.check()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "reading %s\n", *path)
-	tr, err := tf.load()
+	tr, err := tf.loadWarn(stderr)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "planning iteration %d\n", cfg.iter)
+	if k := planIter(tr, cfg.iter); k >= 0 {
+		kest, base, err := tf.opTimes(tr, k)
+		if err != nil {
+			return err
+		}
+		if kest != nil {
+			cfg.estimator, cfg.timeBase = kest, base
+		}
+	}
+	shown := planIter(tr, cfg.iter)
+	if shown < 0 {
+		shown = cfg.iter
+	}
+	fmt.Fprintf(stderr, "planning iteration %d of %s (time base: %s)\n", shown, *path, cfg.timeBase)
 	rep, err := planTrace(tr, cfg)
 	if err != nil && !(*asJSON && errors.Is(err, mre.ErrInfeasible)) {
 		return err
@@ -234,6 +260,22 @@ func planTrace(tr *trace.Trace, cfg planConfig) (*planReport, error) {
 	if k >= len(tr.Iterations) && len(tr.Iterations) == 1 {
 		k = 0
 	}
+	return planIterOf(tr, k, cfg)
+}
+
+// planIter is the iteration --iter plans: itself, or 0 in a trace of one;
+// -1 when out of range.
+func planIter(tr *trace.Trace, iter int) int {
+	if iter >= len(tr.Iterations) && len(tr.Iterations) == 1 {
+		return 0
+	}
+	if iter < 0 || iter >= len(tr.Iterations) {
+		return -1
+	}
+	return iter
+}
+
+func planIterOf(tr *trace.Trace, k int, cfg planConfig) (*planReport, error) {
 	if k < 0 || k >= len(tr.Iterations) {
 		return nil, fmt.Errorf("iteration %d: trace has %d", cfg.iter, len(tr.Iterations))
 	}
@@ -267,7 +309,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		link = link.Scaled(cfg.bandwidth)
 	}
 	rep := &planReport{Trace: name, Iter: k, Ops: len(it.Ops), LimitBytes: in.Limit, PeakBytesBefore: peak,
-		Groups: len(pre.Groups), Curve: cmp.Or(cfg.curve, "recorded")}
+		Groups: len(pre.Groups), Curve: cmp.Or(cfg.curve, "recorded"), TimeBase: cmp.Or(cfg.timeBase, layer.BaseEstimated),
+		GroupsNote: groupsNote(it.Ops, pre.Groups, cmp.Or(cfg.groups, plan.DefaultGroups), lo.Ternary(cfg.grouper != nil, "boundaries", cmp.Or(cfg.grouping, "uniform")))}
 	if !it.HasMem() {
 		rep.Curve = "model"
 	}
@@ -354,6 +397,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "trace %s, iteration %d, %d ops\n", r.Trace, r.Iter, r.Ops)
 	fmt.Fprintf(w, "limit %s, peak %s (%s curve), %d logical layers\n", fmtBytes(r.LimitBytes), fmtBytes(r.PeakBytesBefore), r.Curve, r.Groups)
+	fmt.Fprintf(w, "time base: %s; %s\n", r.TimeBase, r.GroupsNote)
 	if !r.Feasible {
 		fmt.Fprintf(w, "infeasible: %s over the limit at op %d\n", fmtBytes(r.Shortfall.Bytes), r.Shortfall.Op)
 		return

@@ -4,7 +4,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/samber/lo"
+
 	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/plan"
 )
 
@@ -15,6 +18,7 @@ type planFlags struct {
 	iter, groups, prefetch                int
 	limit, bandwidth, estimator, grouping string
 	curve, minBytes, tiers, plot          string
+	boundaries                            string
 	margin                                float64
 	recompute                             bool
 }
@@ -64,7 +68,13 @@ func (f planFlags) check() (planConfig, error) {
 		}
 	}
 	cfg := planConfig{iter: f.iter, limit: f.limit, bandwidth: rate, estimator: e, groups: f.groups, grouping: f.grouping,
-		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute}
+		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute,
+		timeBase: lo.Ternary(f.estimator == "recorded", layer.BaseRecorded, layer.BaseEstimated)}
+	if f.boundaries != "" {
+		if cfg.grouper, err = plan.ParseBoundaries(f.boundaries); err != nil {
+			return planConfig{}, usagef("--boundaries: %v", err)
+		}
+	}
 	opts, err := cfg.planOptions()
 	if err != nil {
 		return planConfig{}, usageError{err}

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"text/tabwriter"
 
+	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/trace"
@@ -17,16 +19,26 @@ func init() {
 
 // profileReport is the --json output of profile.
 type profileReport struct {
-	Schema            int            `json:"schema"`
-	Command           string         `json:"command"`
-	Trace             string         `json:"trace"`
-	Iter              int            `json:"iter"`
-	Ops               int            `json:"ops"`
-	IterationMS       float64        `json:"iteration_ms"`
-	PeakBytesRecorded int64          `json:"peak_bytes_recorded"`
-	PeakBytesModel    int64          `json:"peak_bytes_model"`
-	MaxOpErrorPct     float64        `json:"max_op_error_pct"`
-	Groups            []profileGroup `json:"groups"`
+	Schema            int     `json:"schema"`
+	Command           string  `json:"command"`
+	Trace             string  `json:"trace"`
+	Iter              int     `json:"iter"`
+	Ops               int     `json:"ops"`
+	IterationMS       float64 `json:"iteration_ms"`
+	PeakBytesRecorded int64   `json:"peak_bytes_recorded"`
+	PeakBytesModel    int64   `json:"peak_bytes_model"`
+	MaxOpErrorPct     float64 `json:"max_op_error_pct"`
+	// TimeBase is where the estimated op times come from: "kernels" (a
+	// --kernels file, or the Kineto kernels of an Execution Trace) or
+	// "estimated" (the cost model).
+	TimeBase string `json:"time_base"`
+	// GroupsAsked is --groups; GroupsNote says how the group count follows
+	// from it (or from --boundaries).
+	GroupsAsked int            `json:"groups_asked"`
+	GroupsNote  string         `json:"groups_note"`
+	Groups      []profileGroup `json:"groups"`
+
+	groups []layer.Group
 }
 
 type profileGroup struct {
@@ -44,6 +56,7 @@ func runProfile(args []string, stdout, stderr io.Writer) error {
 	tf := addTraceFlags(fs)
 	iter := iterFlag(fs)
 	groups := groupsFlag(fs)
+	bounds := fs.String("boundaries", "", "layer boundaries by hand: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*); replaces --groups")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table (docs/json.md)")
 	if err := parseArgs(fs, args); err != nil {
 		return err
@@ -54,19 +67,43 @@ func runProfile(args []string, stdout, stderr io.Writer) error {
 	if err := checkIterGroups(*iter, *groups); err != nil {
 		return err
 	}
-	tr, err := tf.load()
+	grouper, how := plan.Discovered(*groups), "discovered"
+	if *bounds != "" {
+		g, err := plan.ParseBoundaries(*bounds)
+		if err != nil {
+			return fmt.Errorf("--boundaries: %w", err)
+		}
+		grouper, how = g, "boundaries"
+	}
+	tr, err := tf.loadWarn(stderr)
 	if err != nil {
+		if *tf.kernels != "" && strings.HasPrefix(err.Error(), "--kernels") {
+			return err
+		}
 		return fmt.Errorf("--trace: %w", err)
 	}
 	k, err := pickIter(*iter, len(tr.Iterations))
 	if err != nil {
 		return err
 	}
-	rep, err := buildProfile(tr, k, *groups)
+	est, base, err := tf.opTimes(tr, k)
+	if err != nil {
+		return err
+	}
+	opts := []plan.Option{plan.WithGrouper(grouper)}
+	if est != nil {
+		opts = append(opts, plan.WithEstimator(est))
+	} else {
+		base = layer.BaseEstimated
+	}
+	fmt.Fprintf(stderr, "profiling iteration %d of %s (time base: %s)\n", k, *tf.path, base)
+	rep, err := buildProfile(tr, k, opts...)
 	if err != nil {
 		return err
 	}
 	rep.Schema, rep.Command, rep.Trace = schemaVersion, "profile", *tf.path
+	rep.TimeBase, rep.GroupsAsked = base, *groups
+	rep.GroupsNote = groupsNote(tr.Iterations[k].Ops, rep.groups, *groups, how)
 	if *asJSON {
 		return writeJSON(stdout, rep)
 	}
@@ -74,10 +111,11 @@ func runProfile(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func buildProfile(tr *trace.Trace, k, n int) (profileReport, error) {
+func buildProfile(tr *trace.Trace, k int, opts ...plan.Option) (profileReport, error) {
 	it := tr.Iterations[k]
-	// The planning path's Group stage, over the model's discovered layers.
-	pre, err := plan.Prepare(plan.Input{Iter: it, LiveOut: memory.LiveOutFromTrace(tr, k)}, plan.WithGrouper(plan.Discovered(n)))
+	// The planning path's Group stage, over the model's discovered layers
+	// unless opts say otherwise.
+	pre, err := plan.Prepare(plan.Input{Iter: it, LiveOut: memory.LiveOutFromTrace(tr, k)}, opts...)
 	if err != nil {
 		return profileReport{}, err
 	}
@@ -118,7 +156,55 @@ func buildProfile(tr *trace.Trace, k, n int) (profileReport, error) {
 		}
 		rep.Groups = append(rep.Groups, pg)
 	}
+	rep.groups = pre.Groups
 	return rep, nil
+}
+
+// groupsNote says how many groups a grouping made of ops and why that is
+// not n per forward and backward where it is not: the optimizer and other
+// phases are one group each, a phase may have fewer discovered layers (or
+// ops) than n, and boundaries given by hand set the groups themselves.
+func groupsNote(ops []trace.Op, gs []layer.Group, n int, how string) string {
+	count := map[trace.Phase]int{}
+	opsIn := map[trace.Phase]int{}
+	for _, g := range gs {
+		count[g.Phase]++
+		opsIn[g.Phase] += g.Len()
+	}
+	other := len(gs) - count[trace.PhaseForward] - count[trace.PhaseBackward]
+	note := fmt.Sprintf("%d groups: %d forward, %d backward, %d other (optimizer step)", len(gs),
+		count[trace.PhaseForward], count[trace.PhaseBackward], other)
+	if how == "boundaries" {
+		return note + "; set by --boundaries (and phase changes), --groups not used"
+	}
+	note += fmt.Sprintf("; --groups %d is per forward and backward", n)
+	var why []string
+	for _, ph := range []trace.Phase{trace.PhaseForward, trace.PhaseBackward} {
+		c := count[ph]
+		switch {
+		case c == 0 || c == n:
+		case opsIn[ph] < n:
+			why = append(why, fmt.Sprintf("the %s has only %d ops", phaseWord(ph), opsIn[ph]))
+		case how == "discovered" && c < n:
+			why = append(why, fmt.Sprintf("the %s has %d discovered layers with its prologue and epilogue, fewer than %d", phaseWord(ph), c, n))
+		default:
+			why = append(why, fmt.Sprintf("the %s got %d", phaseWord(ph), c))
+		}
+	}
+	if len(why) > 0 {
+		note += "; " + strings.Join(why, "; ")
+	}
+	return note
+}
+
+func phaseWord(p trace.Phase) string {
+	switch p {
+	case trace.PhaseForward:
+		return "forward"
+	case trace.PhaseBackward:
+		return "backward"
+	}
+	return p.String()
 }
 
 func writeProfileTable(w io.Writer, r profileReport) {
@@ -128,7 +214,8 @@ func writeProfileTable(w io.Writer, r profileReport) {
 	if r.PeakBytesRecorded > 0 {
 		fmt.Fprintf(w, " (%+.2f%%)", 100*float64(r.PeakBytesModel-r.PeakBytesRecorded)/float64(r.PeakBytesRecorded))
 	}
-	fmt.Fprintf(w, "; worst op error %.2f%%\n\n", r.MaxOpErrorPct)
+	fmt.Fprintf(w, "; worst op error %.2f%%\n", r.MaxOpErrorPct)
+	fmt.Fprintf(w, "time base: %s; %s\n\n", r.TimeBase, r.GroupsNote)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "group\tphase\tfirst\tlast\tops\test ms\tmeasured ms\tpeak GiB\t")
 	for i, g := range r.Groups {

@@ -10,6 +10,8 @@ import (
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
 )
 
@@ -28,6 +30,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	recompute := fs.Bool("recompute", false, "let the Engine drop tensors of ops that can run again and recompute them (each recompute verified)")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
+	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
 	cfg := detectionFlags(fs)
 	if err := parseArgs(fs, args); err != nil {
 		return err
@@ -35,9 +38,22 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err := checkReplayFlags(tf, *limitS, *scale, *rounds, *devName, *cfg); err != nil {
 		return err
 	}
-	tr, err := tf.load()
+	tr, err := tf.loadWarn(stderr)
 	if err != nil {
 		return err
+	}
+	// With kernel times (--kernels, or an Execution Trace's Kineto kernels)
+	// the Engine plans a profile of their op sequence with them.
+	timeBase, extra := layer.BaseEstimated, []chameleon.Option(nil)
+	if tf.kt.est != nil {
+		timeBase, extra = layer.BaseKernels, append(extra, chameleon.WithEstimator(tf.kt.est))
+	}
+	if *bounds != "" {
+		g, err := plan.ParseBoundaries(*bounds)
+		if err != nil {
+			return fmt.Errorf("--boundaries: %w", err)
+		}
+		extra = append(extra, chameleon.WithGrouper(g))
 	}
 	peak := replay.PeakBytes(tr) / *scale
 	limit, err := parseLimit(*limitS, peak)
@@ -75,7 +91,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--device %q: want host or cuda", *devName)
 	}
 	defer dev.Close()
-	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: []chameleon.Option{chameleon.WithDetection(*cfg)},
+	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: append([]chameleon.Option{chameleon.WithDetection(*cfg)}, extra...),
 		Recompute: *recompute}
 	if !*quiet {
 		rc.Progress = stderr
@@ -89,11 +105,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	rep.Trace = *path
 	if *asJSON {
-		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", Report: rep}); err != nil {
+		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", TimeBase: timeBase, Report: rep}); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "%s: %d iterations at scale 1/%d under %d bytes\n", rep.Trace, rep.Iterations, rep.Scale, rep.LimitBytes)
+		fmt.Fprintf(stdout, "%s: %d iterations at scale 1/%d under %d bytes; time base %s\n", rep.Trace, rep.Iterations, rep.Scale, rep.LimitBytes, timeBase)
 		fmt.Fprintf(stdout, "%s: peak bytes handed out %d (%.1f%% of the limit)", dev.Name(), rep.PeakDeviceBytes, 100*float64(rep.PeakDeviceBytes)/float64(rep.LimitBytes))
 		if p := peakOf(); p >= 0 {
 			fmt.Fprintf(stdout, ", device peak %d", p)

@@ -46,7 +46,19 @@ type Result struct {
 	// profile; UnattributedKernelUS the part launched outside any top-level
 	// aten op of the Execution Trace.
 	KernelUS, UnattributedKernelUS float64
+	// SpanMS is the profiled step's span (the window's host and device
+	// time). When the window's kernels take under HostBoundShare of it, the
+	// step was host-bound under the profiler: the iteration's TimeMS is
+	// then the kernel timeline (the sum of its ops' kernel times), what a
+	// GPU-bound step runs in without the profiler's host overhead, WallMS
+	// keeps the span, and Warnings says so.
+	SpanMS   float64
+	Warnings []string
 }
+
+// HostBoundShare is the share of the profiled span below which the
+// window's kernels mark the step as host-bound under the profiler.
+const HostBoundShare = 0.5
 
 // OpInfo is the provenance and both timings of one imported op.
 type OpInfo struct {
@@ -655,6 +667,18 @@ func (b *builder) window(it *trace.Iteration, res *Result) {
 	}
 	it.TimeMS = (end - start) / 1000
 	it.WallMS = it.TimeMS
+	res.SpanMS = it.TimeMS
+	var kernelUS float64
+	for _, oi := range res.Ops {
+		kernelUS += oi.KernelUS
+	}
+	if kernelUS > 0 && kernelUS/1000 < HostBoundShare*res.SpanMS {
+		it.TimeMS = kernelUS / 1000
+		res.Warnings = append(res.Warnings, fmt.Sprintf(
+			"%s: the profiled step spans %.1f ms but its kernels take %.2f ms (%.0f%%): it was host-bound under the profiler; "+
+				"iteration 0 is planned on its kernel timeline (%.2f ms), as the step runs when the GPU is the bottleneck",
+			b.kName, res.SpanMS, kernelUS/1000, 100*kernelUS/1000/res.SpanMS, it.TimeMS))
+	}
 	for _, m := range deviceMem(b.kd.mem) {
 		if m.ts >= start && m.ts <= end && m.total > it.PeakBytes {
 			it.PeakBytes = m.total
