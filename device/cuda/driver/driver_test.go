@@ -179,7 +179,9 @@ func TestSpin(t *testing.T) {
 	require.NoError(t, s.Spin(78, -5))
 	assert.Equal(t, before+1, h.launches(), "no kernel for no time")
 	allocs := testing.AllocsPerRun(100, func() { _ = s.Spin(3, 1000) })
-	assert.Zero(t, allocs)
+	if !raceEnabled {
+		assert.Zero(t, allocs)
+	}
 	assert.Zero(t, h.netPushes())
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
