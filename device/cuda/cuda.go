@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/cuda/driver"
 	"github.com/chameleon-go/chameleon/device/internal/native"
 	"github.com/chameleon-go/chameleon/internal/dl"
 )
@@ -40,8 +41,10 @@ type Option interface{ apply(*config) }
 
 type config struct {
 	library string
+	driver  string
 	ordinal int
 	stream  device.Stream
+	noMap   bool
 }
 
 type optionFunc func(*config)
@@ -69,6 +72,24 @@ func WithDevice(ordinal int) Option {
 func WithStream(s device.Stream) Option {
 	return optionFunc(func(c *config) { c.stream = s })
 }
+
+// WithDriverLibrary tries path first when looking up libcuda for page
+// mapping, before CHAMELEON_LIBCUDA and the well-known names
+// (driver.Candidates). An empty path is ignored.
+func WithDriverLibrary(path string) Option {
+	return optionFunc(func(c *config) {
+		if path != "" {
+			c.driver = path
+		}
+	})
+}
+
+// WithoutMapping turns page mapping off: PageSize returns 0 and an
+// Allocator on the device reserves plain cudaMalloc segments.
+func WithoutMapping() Option { return optionFunc(func(c *config) { c.noMap = true }) }
+
+// errNoMapping is Mapping's answer under WithoutMapping.
+var errNoMapping = errors.New("mapping turned off (WithoutMapping)")
 
 // api is one loaded runtime: every bound function, grouped by API area.
 type api struct {
@@ -131,6 +152,11 @@ type Device struct {
 
 	streams *native.Table[device.Stream, struct{}]
 	events  *native.Table[device.Event, struct{}]
+
+	// vmm maps pages (device.Mapper); nil when it cannot, and mapErr says
+	// why.
+	vmm    *vmm
+	mapErr error
 }
 
 var _ device.Device = (*Device)(nil)
@@ -168,6 +194,14 @@ func New(opts ...Option) (*Device, error) {
 		Async: func(dst, src, n uintptr, kind int32, s uintptr) error {
 			return check("cudaMemcpyAsync", a.cudaMemcpyAsync(dst, src, n, kind, s))
 		}}
+	d.mapErr = errNoMapping
+	if !cfg.noMap {
+		var paths []string
+		if cfg.driver != "" {
+			paths = append(paths, cfg.driver)
+		}
+		d.vmm, d.mapErr = newVMM(append(paths, driver.Candidates(driver.EnvLibcuda, driver.LibcudaNames...)...), cfg.ordinal)
+	}
 	d.name = fmt.Sprintf("cuda:%d", cfg.ordinal)
 	if n := a.deviceName(cfg.ordinal); n != "" {
 		d.name = fmt.Sprintf("%s (cuda:%d)", n, cfg.ordinal)
@@ -216,7 +250,11 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if err := errors.Join(d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)); err != nil {
+	errs := []error{d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)}
+	if d.vmm != nil {
+		errs = append(errs, d.vmm.ctx.Release())
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cuda: close: %w", err)
 	}
 	return nil

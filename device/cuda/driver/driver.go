@@ -155,8 +155,10 @@ type Context struct {
 	Ordinal int
 	ctx     uintptr
 	// The arguments of cuCtxPushCurrent and cuCtxPopCurrent, made once:
-	// the popped context goes to a heap word that nothing reads.
+	// the popped context goes to popped, a heap word that nothing reads
+	// (held here as a pointer: the uintptr in popArgs does not keep it).
 	pushArgs, popArgs []uintptr
+	popped            *uintptr
 }
 
 // Primary initializes the driver and retains the primary context of the
@@ -173,7 +175,8 @@ func (d *Driver) Primary(ordinal int) (*Context, error) {
 		return nil, err
 	}
 	c.pushArgs = []uintptr{c.ctx}
-	c.popArgs = []uintptr{uintptr(unsafe.Pointer(new(uintptr)))}
+	c.popped = new(uintptr)
+	c.popArgs = []uintptr{uintptr(unsafe.Pointer(c.popped))}
 	return c, nil
 }
 
