@@ -7,6 +7,15 @@
 // on the loader path and the same names in /usr/local/cuda/lib64. The first
 // that loads wins; if none does, the error wraps device.ErrLibraryNotFound
 // and names every place tried with the loader's reason.
+//
+// Device implements device.Mapper through the driver API's virtual memory
+// management (libcuda, through device/cuda/driver, looked up as
+// WithDriverLibrary, CHAMELEON_LIBCUDA, libcuda.so.1, libcuda.so, then the
+// directory of CHAMELEON_CUDART and /usr/local/cuda/lib64): pages of the
+// driver's minimum granularity, each its own cuMemCreate allocation, mapped
+// in the primary context that libcudart uses. Without libcuda or its calls,
+// or with WithoutMapping, PageSize is 0 and allocators fall back to
+// cudaMalloc segments; Mapping says why.
 package cuda
 
 import (
