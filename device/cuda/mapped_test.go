@@ -187,3 +187,44 @@ func TestMapClosed(t *testing.T) {
 	assert.ErrorIs(t, err, device.ErrClosed)
 	assert.ErrorIs(t, d.Map(p, fakePage), device.ErrClosed)
 }
+
+// TestFakeDriverRefusesMisuse calls the fake's driver directly, past the
+// bookkeeping, to show that the model bites: each wrong use gets the
+// driver's error, as a real driver would give it.
+func TestFakeDriverRefusesMisuse(t *testing.T) {
+	d, ctl := newMappedFake(t)
+	defer d.Close()
+	m := d.vmm
+	const invalidValue, invalidContext = 1, 201
+	page := uintptr(fakePage)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, sc := m.v, m.sc
+	assert.EqualValues(t, invalidContext, v.Reserve(&sc.ptr, 4*page), "no context current")
+
+	require.NoError(t, m.ctx.Enter())
+	defer m.ctx.Leave()
+	require.Zero(t, v.Reserve(&sc.ptr, 4*page))
+	base := sc.ptr
+	require.Zero(t, v.Create(&sc.handle, 2*page, &sc.prop))
+	two := sc.handle
+	require.Zero(t, v.Create(&sc.handle, page, &sc.prop))
+	one := sc.handle
+
+	other := driver.DeviceMemory(1)
+	assert.EqualValues(t, invalidValue, v.Create(&sc.handle, page, &other), "memory of a device whose context is not current")
+	assert.EqualValues(t, invalidValue, v.Map(base+4*page, page, one), "outside the reservation")
+	assert.EqualValues(t, invalidValue, v.Map(base, page, two), "a size other than the allocation's")
+	require.Zero(t, v.Map(base, 2*page, two))
+	assert.EqualValues(t, invalidValue, v.Map(base+page, page, one), "over a mapped page")
+	assert.EqualValues(t, invalidValue, v.SetAccess(base, 3*page, &sc.access), "access to a page not mapped")
+	assert.EqualValues(t, invalidValue, v.Unmap(base, page), "a part of a mapping")
+	assert.EqualValues(t, invalidValue, v.Unmap(base+2*page, page), "a page not mapped")
+	assert.EqualValues(t, invalidValue, v.Free(base, 4*page), "address space with a mapping")
+	require.Zero(t, v.Unmap(base, 2*page))
+	require.Zero(t, v.Release(two))
+	assert.EqualValues(t, invalidValue, v.Release(two), "released twice")
+	require.Zero(t, v.Release(one))
+	require.Zero(t, v.Free(base, 4*page))
+	assert.Zero(t, ctl.liveHandles())
+}
