@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/simulate"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -467,8 +468,8 @@ func (p *filePolicy) validate(path string, dc decodeConfig) error {
 		if err := checkBytes(fp+".bytes", b, tmax, twhat); err != nil {
 			return err
 		}
-		if b > t.Bytes {
-			return bad(fp+".bytes", "%d: more than its tensor's %d", b, t.Bytes)
+		if b > memory.RoundBytes(t.Bytes) {
+			return bad(fp+".bytes", "%d: more than its tensor's %d bytes, rounded up to %d", b, t.Bytes, memory.RoundBytes(t.Bytes))
 		}
 		return nil
 	}
@@ -748,7 +749,7 @@ func encodePolicy(p *policy) filePolicy {
 		}
 		if p.prof != nil {
 			if tt := p.prof.iter.Tensors[id]; tt != nil {
-				ft.Bytes = max(ft.Bytes, tt.Bytes)
+				ft.Bytes = max(tt.Bytes, 1)
 				if ft.DType == "" {
 					ft.DType = tt.DType
 				}

@@ -41,7 +41,13 @@ func (e *Engine) update(p *policy) (*policy, error) {
 	}
 	link := e.cfg.link()
 	var st updateStats
+	tier := 0
 	diff := plan.PlannerFunc(func(mi mre.Input, popts ...mre.Option) (*mre.Policy, error) {
+		// Only the first tier: an update keeps the headroom a plan of the
+		// profile would have, or gives way to one.
+		if tier++; tier > 1 {
+			return nil, errNoUpdate
+		}
 		pol, s, err := differential(mi, p.swaps, p.recomputes, link, popts)
 		st = s
 		return pol, err
@@ -204,13 +210,25 @@ func differential(in mre.Input, old []simulate.Swap, rcs []simulate.Recompute, l
 	for _, r := range rcs {
 		moved[r.Tensor] = true
 	}
+	// Tensors the policy moves are no candidates: their bytes are already
+	// off the curve over their gaps.
+	model := *in.Model
+	model.Lifetimes = slices.Clone(in.Model.Lifetimes)
+	hide := func() {
+		for k := range model.Lifetimes {
+			if moved[model.Lifetimes[k].Tensor.ID] {
+				model.Lifetimes[k].Bytes = 0
+			}
+		}
+	}
 	all := slices.Clone(old)
 	for range 3 {
+		hide()
 		rest := make([]int64, n)
 		for t := range sim.Ops {
 			rest[t] = sim.Ops[t].Mem
 		}
-		extra, err := mre.Plan(mre.Input{Model: in.Model, Curve: rest, OpTimes: in.OpTimes, Groups: in.Groups, Limit: in.Limit}, popts...)
+		extra, err := mre.Plan(mre.Input{Model: &model, Curve: rest, OpTimes: in.OpTimes, Groups: in.Groups, Limit: in.Limit}, popts...)
 		if err != nil {
 			if errors.Is(err, mre.ErrInfeasible) {
 				return nil, st, errNoUpdate

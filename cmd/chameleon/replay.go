@@ -31,6 +31,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	recompute := fs.Bool("recompute", false, "let the Engine drop tensors of ops that can run again and recompute them (each recompute verified)")
+	policyFile := fs.String("policy-file", "", "policy file: loaded at start if it exists, saved at the end")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	cfg := detectionFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -83,7 +84,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	defer dev.Close()
 	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: []chameleon.Option{chameleon.WithDetection(*cfg)},
-		Recompute: *recompute}
+		Recompute: *recompute, PolicyFile: *policyFile}
 	if !*quiet {
 		rc.Progress = stderr
 	}
@@ -95,6 +96,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	rep.Trace = *path
+	if rep.PolicyFileError != "" {
+		fmt.Fprintf(stderr, "warning: %s\n", rep.PolicyFileError)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -109,7 +113,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout)
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
-		fmt.Fprintf(stdout, "policies planned %d, cache hits %d\nstages %s\n", rep.Replans, rep.CacheHits, strings.Join(rep.Stages, " "))
+		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, strings.Join(rep.Stages, " "))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tsimulated ms\t")
 		for _, x := range rep.PerIteration {
