@@ -49,21 +49,21 @@ type Config struct {
 // Report is what a replay saw. The JSON names are those of the replay
 // command's report.
 type Report struct {
-	Trace           string   `json:"trace"`
-	Iterations      int      `json:"iterations"`
-	Scale           int64    `json:"scale"`
-	LimitBytes      int64    `json:"limit_bytes"`
-	PeakDeviceBytes int64    `json:"peak_device_bytes"`
-	VerifiedUses    int64    `json:"verified_uses"`
-	FailedUses      int64    `json:"failed_uses"`
-	SwappedBytes    int64    `json:"swapped_bytes"`
-	Replans         int      `json:"replans"`
-	CacheHits       int      `json:"cache_hits"`
+	Trace           string `json:"trace"`
+	Iterations      int    `json:"iterations"`
+	Scale           int64  `json:"scale"`
+	LimitBytes      int64  `json:"limit_bytes"`
+	PeakDeviceBytes int64  `json:"peak_device_bytes"`
+	VerifiedUses    int64  `json:"verified_uses"`
+	FailedUses      int64  `json:"failed_uses"`
+	SwappedBytes    int64  `json:"swapped_bytes"`
+	Replans         int    `json:"replans"`
+	CacheHits       int    `json:"cache_hits"`
 	// PolicyUpdates counts cached policies updated to this run's limit,
 	// link or device (differential updates, not replans).
 	PolicyUpdates int `json:"policy_updates"`
 	// PolicyFileError is why the policy file was not used, if it was not.
-	PolicyFileError string `json:"policy_file_error,omitempty"`
+	PolicyFileError string   `json:"policy_file_error,omitempty"`
 	Stages          []string `json:"stages"`
 	// Not in the command's required report, but useful.
 	OnDemandSwapIns int64              `json:"on_demand_swap_ins"`
