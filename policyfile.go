@@ -254,7 +254,7 @@ func decodePolicies(data []byte, dc decodeConfig) ([]filePolicy, error) {
 		Format  *string `json:"format"`
 		Version *int    `json:"version"`
 	}
-	if err := json.Unmarshal(data, &probe); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&probe); err != nil {
 		return nil, jsonError(data, err, "not a policy file")
 	}
 	switch {
