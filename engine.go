@@ -179,6 +179,8 @@ type Engine struct {
 	it      Iteration
 	stats   Stats
 	onClose []func() error
+	// policyErr is why WithPolicyFile's file was not used.
+	policyErr error
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -198,6 +200,7 @@ type Stats struct {
 	Replans         int   // policies planned from a detailed profile
 	CacheHits       int   // policies reused from the cache on a sequence seen before
 	StaleDrops      int   // cached policies dropped because their tensors no longer matched
+	PolicyUpdates   int   // cached policies updated to another limit, link or device (a differential update, not a replan)
 	Infeasible      int   // planning runs that found no plan under the limit
 	SwapsOut        int64 // copies to the host (planned and on demand)
 	SwapsIn         int64
@@ -282,7 +285,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	}
 	e.enc = seq.NewEncoder(nil)
 	if cfg.policyFile != "" {
-		if err := e.LoadPolicyFile(cfg.policyFile); err != nil {
+		if err := e.openPolicyFile(); err != nil {
 			return fail(err)
 		}
 	}

@@ -123,13 +123,13 @@ func TestPolicyCacheSurvivesRestart(t *testing.T) {
 	assert.Zero(t, rep2.Replans)
 	assert.Zero(t, rep2.FailedUses)
 
-	// A damaged file is an error naming it.
+	// A damaged file is an error naming it (strict).
 	bad := filepath.Join(t.TempDir(), "bad.json")
 	require.NoError(t, os.WriteFile(bad, []byte(`{"format":"other"}`), 0o644))
 	dev2, err := host.New(1 << 20)
 	require.NoError(t, err)
 	defer dev2.Close()
-	_, err = chameleon.New(dev2, chameleon.WithMemoryLimit(1<<20), chameleon.WithPolicyFile(bad))
+	_, err = chameleon.New(dev2, chameleon.WithMemoryLimit(1<<20), chameleon.WithPolicyFile(bad), chameleon.WithStrictPolicyFile())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "bad.json")
 }

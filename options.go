@@ -56,6 +56,8 @@ type config struct {
 	staleMatch  float64
 	evictLog    *slog.Logger
 	policyFile  string
+	// strictPolicy: a damaged policy file fails New
+	strictPolicy bool
 }
 
 func defaultConfig() config {
@@ -314,6 +316,16 @@ func WithHostReserve(bytes int64) Option {
 
 // WithPolicyFile loads a policy cache written by Engine.SavePolicyFile when
 // the Engine starts, so a restarted or migrated job runs STABLE from its
-// second iteration on a sequence it has seen. A missing or damaged file is
-// an error from New.
+// second iteration on a sequence it has seen; a policy planned under
+// another limit, link or device is updated to this Engine's first
+// (Stats.PolicyUpdates). A missing file is a first run: the Engine starts
+// with an empty cache. A damaged or foreign file is not used: the Engine
+// warns through its logger (WithLogger), says why in PolicyFileError and
+// starts without it, unless WithStrictPolicyFile makes it an error from
+// New. The host saves the cache with Engine.SavePolicyFile.
 func WithPolicyFile(path string) Option { return optionFunc(func(c *config) { c.policyFile = path }) }
+
+// WithStrictPolicyFile makes a damaged or foreign file of WithPolicyFile
+// an error from New (default: a warning, and the Engine starts without
+// it). A missing file is still a first run.
+func WithStrictPolicyFile() Option { return optionFunc(func(c *config) { c.strictPolicy = true }) }

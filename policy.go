@@ -53,20 +53,34 @@ type policy struct {
 	rcRemade [][]int32
 	matchRM  []int32 // per matcher index, its remade slot, -1
 	simMS    float64 // the simulated step of the plan, as the executor issues it
+	// issue is when, and in which order, the copies are issued; env what
+	// the plan assumed (zero: unknown, a policy of a version 1 file); prof
+	// the profiled iteration it was planned from (nil: unknown), which a
+	// differential update plans from again.
+	issue *simulate.IssuePlan
+	env   policyEnv
+	prof  *profiled
+	// eng binds a loaded policy's persistent tensors, by ID, when the
+	// restarted job has made them (bindPersistent); binds counts the tries.
+	eng   *Engine
+	binds int
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
 // address when profiled and the op and call site that produced it, with
-// its shape. The policy file stores it as it is.
+// its shape. For a swap of a persistent tensor, Persistent says which one.
 type plannedTensor struct {
-	Ptr      uint64  `json:"ptr"`
-	Name     string  `json:"producer"`
-	Overload string  `json:"overload"`
-	Module   string  `json:"module"`
-	Shape    []int64 `json:"shape"`
+	Ptr      uint64
+	Name     string
+	Overload string
+	Module   string
+	Shape    []int64
 	// Ord is the tensor's ordinal among those its call site and producer
 	// made in the profiled iteration (match.NewOrdered).
-	Ord uint32 `json:"ord"`
+	Ord uint32
+	// Persistent, set for a swap of a parameter or optimizer state, is the
+	// tensor as a restarted job knows it (persistRef).
+	Persistent *persistRef
 }
 
 // features is the tensor's match key in the vocabulary of this process.
@@ -94,7 +108,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 	if ip == nil {
 		ip = simulate.Issue(swaps, nil)
 	}
-	p := &policy{key: key, swaps: swaps, tensors: tensors, fixed: fixed,
+	p := &policy{key: key, swaps: swaps, tensors: tensors, fixed: fixed, issue: ip,
 		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps)), rtensors: rtensors, mtensors: mtensors}
 	// Copy streams run copies in issue order: the plan's issue order (when,
 	// and in which order, its simulation started them) makes the streams
@@ -122,7 +136,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		return len(mf) - 1
 	}
 	for i := range swaps {
-		if fixed[i] == nil {
+		if fixed[i] == nil && tensors[i].Persistent == nil {
 			x := add(swaps[i].Tensor, &tensors[i])
 			p.matchSwap[x] = append(p.matchSwap[x], int32(i))
 		}
@@ -138,6 +152,7 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		ords = nil
 	}
 	p.matcher = match.NewOrdered(cfg, mf, ords)
+
 	return p
 }
 
@@ -156,6 +171,7 @@ func (p *policy) reset() {
 		p.rmlive[m] = rmLive{in: p.rmlive[m].in[:0]}
 	}
 	p.matched = 0
+	p.bindPersistent()
 	for i, t := range p.fixed {
 		if t != nil && !t.released {
 			p.live[i], t.plan = t, int32(i)
@@ -194,6 +210,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	for i, s := range swaps {
 		if t := live[s.Tensor]; t != nil && t.kind.persistent() {
 			fixed[i] = t
+			tensors[i].Persistent = &persistRef{ID: t.id, Bytes: t.size, DType: t.dtype, Shape: t.shape, Kind: t.kind}
 			continue
 		}
 		tensors[i] = made(s.Tensor)
@@ -211,8 +228,9 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 			}
 		}
 	}
-	pol := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
-	return pol, res, nil
+	p := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
+	p.env, p.prof = e.env(), newProfiled(it, hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
+	return p, res, nil
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.
@@ -246,4 +264,29 @@ func (e *Engine) spans(ctx context.Context) plan.Observer {
 			span.End()
 		}
 	}
+}
+
+// ordinals counts, for the tensors an iteration's ops make (each at its
+// first appearance as an output, persistent ones aside, as After counts live
+// ones), their ordinal among those of their call site and producer: what a
+// plan of a stored profile binds its tensors with (match.NewOrdered).
+func ordinals(it *trace.Iteration, v *seq.Vocab) map[trace.TensorID]uint32 {
+	ord := make(map[trace.TensorID]uint32, len(it.Tensors))
+	seen := make(map[trace.TensorID]bool, len(it.Tensors))
+	count := map[uint64]uint32{}
+	for i := range it.Ops {
+		op := &it.Ops[i]
+		stack, tok := match.Hash(op.Module), v.Token(op.Name, op.Overload)
+		for _, id := range op.Out {
+			t := it.Tensors[id]
+			if seen[id] || t == nil || KindOf(t.Kind).persistent() {
+				continue
+			}
+			seen[id] = true
+			k := match.Key(features(t.Ptr, stack, tok, t.Shape))
+			ord[id] = count[k]
+			count[k]++
+		}
+	}
+	return ord
 }

@@ -1,14 +1,17 @@
 package chameleon
 
 import (
+	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"slices"
 
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/simulate"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 // policyKey is a sequence signature: the hash of its op names in order
@@ -68,118 +71,152 @@ func (c *policyCache) len() int {
 	return n
 }
 
-// savedPolicy is the file form of a policy: names instead of the
-// process-local tokens.
-type savedPolicy struct {
-	Key     policyKey       `json:"key"`
-	Swaps   []savedSwap     `json:"swaps"`
-	Tensors []plannedTensor `json:"tensors"`
-}
-
-// savedSwap is a swap in the policy file. It is the file's own type, so
-// that the simulator's may change without changing the format; the names
-// are those of the plan report.
-type savedSwap struct {
-	Tensor trace.TensorID `json:"tensor"`
-	Bytes  int64          `json:"bytes"`
-	Out    int            `json:"out_after_op"`
-	Free   int            `json:"freed_at_op"`
-	In     int            `json:"in_issue_op"`
-	Use    int            `json:"in_before_op"`
-}
-
-func (s savedSwap) swap() simulate.Swap {
-	return simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
-}
-
-func saveSwap(s simulate.Swap) savedSwap {
-	return savedSwap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
-}
-
-type savedCache struct {
-	Format   string        `json:"format"`
-	Policies []savedPolicy `json:"policies"`
-}
-
-const policyFormat = "chameleon-policies/v1"
-
-// SavePolicies writes the policy cache, so a restarted or migrated job
-// starts STABLE on the sequences it has seen (LoadPolicies).
+// SavePolicies writes the policy cache in the policy file's format
+// (version 2, docs/policy.md): every policy with all its swaps, those of
+// parameters and optimizer state too, its recomputes, what it assumed
+// (limit, link, device) and the profiled iteration it was planned from,
+// so a restarted or migrated job starts STABLE on the sequences it has
+// seen (LoadPolicies) and can plan them again without profiling.
 func (e *Engine) SavePolicies(w io.Writer) error {
-	out := savedCache{Format: policyFormat}
-	for _, ps := range e.cache.byHash {
-		for _, p := range ps {
-			// Swaps of persistent tensors name this process's handles and
-			// are left out: a restarted job has other ones.
-			sp := savedPolicy{Key: p.key}
-			for i, s := range p.swaps {
-				if p.fixed[i] != nil {
-					continue
-				}
-				sp.Swaps = append(sp.Swaps, saveSwap(s))
-				sp.Tensors = append(sp.Tensors, p.tensors[i])
-			}
-			out.Policies = append(out.Policies, sp)
-		}
+	data, err := e.encodePolicies()
+	if err != nil {
+		return err
 	}
-	enc := json.NewEncoder(w)
-	return enc.Encode(out)
+	_, err = w.Write(data)
+	return err
 }
 
-// LoadPolicies adds the policies SavePolicies wrote to the cache. The
-// first iteration whose sequence matches one adopts it and the next runs
-// STABLE.
+func (e *Engine) encodePolicies() ([]byte, error) {
+	out := fileCache{Format: policyFormatName, Version: policyVersion, Policies: []filePolicy{}}
+	var ps []*policy
+	for _, l := range e.cache.byHash {
+		ps = append(ps, l...)
+	}
+	slices.SortFunc(ps, func(a, b *policy) int {
+		return cmp.Or(cmp.Compare(a.key.Hash, b.key.Hash), cmp.Compare(a.key.Ops, b.key.Ops), cmp.Compare(a.key.Bytes, b.key.Bytes))
+	})
+	for _, p := range ps {
+		out.Policies = append(out.Policies, encodePolicy(p))
+	}
+	data, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("chameleon: encode policies: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+// LoadPolicies adds the policies SavePolicies wrote (or a version 1 file
+// wrote) to the cache, after checking every field; name is the file's name
+// in errors. All or nothing: a file with one bad field adds no policy, and
+// the error names the file, the field and the entry. A policy planned
+// under another limit, link or device is updated to this Engine's
+// (Stats.PolicyUpdates). The first iteration whose sequence matches one
+// adopts it and the next runs STABLE.
 func (e *Engine) LoadPolicies(r io.Reader, name string) error {
-	var in savedCache
-	dec := json.NewDecoder(r)
-	if err := dec.Decode(&in); err != nil {
-		return fmt.Errorf("chameleon: policies %s: %w", name, err)
+	data, err := io.ReadAll(io.LimitReader(r, maxPolicyFileBytes+1))
+	if err != nil {
+		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
 	}
-	if in.Format != policyFormat {
-		return fmt.Errorf("chameleon: policies %s: field \"format\": %q, want %q", name, in.Format, policyFormat)
+	fps, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
+	if err != nil {
+		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
 	}
-	// All or nothing: a damaged file adds no policy.
-	loaded := make([]*policy, 0, len(in.Policies))
-	for i, sp := range in.Policies {
-		if len(sp.Tensors) != len(sp.Swaps) {
-			return fmt.Errorf("chameleon: policies %s: policies[%d]: %d swaps but %d tensors", name, i, len(sp.Swaps), len(sp.Tensors))
+	loaded := make([]*policy, 0, len(fps))
+	for i := range fps {
+		loaded = append(loaded, e.decodePolicy(&fps[i]))
+	}
+	env := e.env()
+	for i, p := range loaded {
+		if !p.env.known() || p.env == env {
+			continue
 		}
-		swaps := make([]simulate.Swap, len(sp.Swaps))
-		for j, s := range sp.Swaps {
-			swaps[j] = s.swap()
-			if err := swaps[j].Validate(sp.Key.Ops); err != nil {
-				return fmt.Errorf("chameleon: policies %s: policies[%d].swaps[%d]: %w", name, i, j, err)
-			}
+		if p.prof == nil {
+			e.cfg.logger.Warn("chameleon: policy planned elsewhere, without its profile: used as it is",
+				"file", name, "policy", i, "limit", p.env.Limit, "device", p.env.Device)
+			continue
 		}
-		loaded = append(loaded, newPolicy(sp.Key, e.cfg.match, e.enc.Vocab, swaps, sp.Tensors, nil, nil, nil, nil, nil, false))
+		up, err := e.update(p)
+		if err != nil {
+			e.cfg.logger.Warn("chameleon: policy not updated to this engine: left out", "file", name, "policy", i, "err", err)
+			loaded[i] = nil
+			continue
+		}
+		loaded[i] = up
 	}
 	for _, p := range loaded {
-		e.cache.put(p)
+		if p != nil {
+			e.cache.put(p)
+		}
 	}
 	return nil
 }
 
-// SavePolicyFile writes the policy cache to path.
+// SavePolicyFile writes the policy cache to path without ever leaving a
+// partial file there: it writes a temporary file in the same directory,
+// syncs it, renames it over path and syncs the directory. A crash at any
+// point leaves path as it was or as it is now, never damaged.
 func (e *Engine) SavePolicyFile(path string) error {
-	f, err := os.Create(path)
+	data, err := e.encodePolicies()
 	if err != nil {
 		return err
 	}
-	if err := e.SavePolicies(f); err != nil {
-		f.Close()
-		return err
+	if err := writeFileAtomic(path, data, policySaveHooks); err != nil {
+		return fmt.Errorf("chameleon: save policy file %s: %w", path, err)
 	}
-	return f.Close()
+	return nil
 }
 
-// LoadPolicyFile reads a policy cache written by SavePolicyFile.
+// LoadPolicyFile reads a policy cache written by SavePolicyFile
+// (LoadPolicies).
 func (e *Engine) LoadPolicyFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return err
+		return fmt.Errorf("chameleon: policy file: %w", err)
 	}
 	defer f.Close()
 	return e.LoadPolicies(f, path)
+}
+
+// openPolicyFile loads WithPolicyFile's file when New starts: a missing
+// file is a first run; a damaged one is reported (Engine.PolicyFileError,
+// and a warning to the logger) and the Engine starts without it, or, with
+// WithStrictPolicyFile, New fails.
+func (e *Engine) openPolicyFile() error {
+	path := e.cfg.policyFile
+	if path == "" {
+		return nil
+	}
+	err := e.LoadPolicyFile(path)
+	switch {
+	case err == nil:
+		e.cfg.logger.Debug("chameleon: policy file loaded", "file", path, "policies", e.cache.len())
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		e.cfg.logger.Debug("chameleon: no policy file yet", "file", path)
+		return nil
+	case e.cfg.strictPolicy:
+		return err
+	}
+	e.policyErr = err
+	e.cfg.logger.Warn("chameleon: policy file not used, starting without it", "file", path, "err", err)
+	return nil
+}
+
+// PolicyFileError is why the file of WithPolicyFile was not used, when it
+// was damaged or foreign (nil otherwise, and when it did not exist).
+func (e *Engine) PolicyFileError() error { return e.policyErr }
+
+// env is what this Engine's plans assume.
+func (e *Engine) env() policyEnv {
+	return policyEnv{Limit: e.cfg.limit, Link: e.cfg.link(), Device: e.dev.Name()}
+}
+
+// link is the host link the planning path models.
+func (c *config) link() simulate.Link {
+	if c.linkSet {
+		return simulate.H200().Scaled(c.linkBW)
+	}
+	return simulate.H200()
 }
 
 // CachedPolicies is the number of policies in the cache.

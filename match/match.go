@@ -170,8 +170,11 @@ func (m *Matcher) Match(f Features) (idx int, score float64) {
 				continue
 			}
 			p := m.planned[c]
-			if m.ord[c] != ord {
-				p.Stack = ^f.Stack // same site, other trip: not the same call
+			if m.ord[c] != ord || key(p) != key(f) {
+				// Same site, other trip: not the same call. A candidate
+				// found by its address alone, of another site or
+				// producer, has an ordinal that counts other tensors.
+				p.Stack = ^f.Stack
 			}
 			if m.cfg.Site && p.Stack != f.Stack {
 				continue

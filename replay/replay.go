@@ -41,21 +41,29 @@ type Config struct {
 	// and writes its output's pattern again, so the Engine may drop the
 	// output and make it again, and every use still verifies it.
 	Recompute bool
+	// PolicyFile, when set, is the Engine's policy file: loaded at start if
+	// it exists (chameleon.WithPolicyFile) and saved at the end.
+	PolicyFile string
 }
 
 // Report is what a replay saw. The JSON names are those of the replay
 // command's report.
 type Report struct {
-	Trace           string   `json:"trace"`
-	Iterations      int      `json:"iterations"`
-	Scale           int64    `json:"scale"`
-	LimitBytes      int64    `json:"limit_bytes"`
-	PeakDeviceBytes int64    `json:"peak_device_bytes"`
-	VerifiedUses    int64    `json:"verified_uses"`
-	FailedUses      int64    `json:"failed_uses"`
-	SwappedBytes    int64    `json:"swapped_bytes"`
-	Replans         int      `json:"replans"`
-	CacheHits       int      `json:"cache_hits"`
+	Trace           string `json:"trace"`
+	Iterations      int    `json:"iterations"`
+	Scale           int64  `json:"scale"`
+	LimitBytes      int64  `json:"limit_bytes"`
+	PeakDeviceBytes int64  `json:"peak_device_bytes"`
+	VerifiedUses    int64  `json:"verified_uses"`
+	FailedUses      int64  `json:"failed_uses"`
+	SwappedBytes    int64  `json:"swapped_bytes"`
+	Replans         int    `json:"replans"`
+	CacheHits       int    `json:"cache_hits"`
+	// PolicyUpdates counts cached policies updated to this run's limit,
+	// link or device (differential updates, not replans).
+	PolicyUpdates int `json:"policy_updates"`
+	// PolicyFileError is why the policy file was not used, if it was not.
+	PolicyFileError string   `json:"policy_file_error,omitempty"`
 	Stages          []string `json:"stages"`
 	// Not in the command's required report, but useful.
 	OnDemandSwapIns int64              `json:"on_demand_swap_ins"`
@@ -248,11 +256,18 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	if err := checkSizes(tr, cfg.Scale, cfg.Limit); err != nil {
 		return nil, err
 	}
-	eng, err := chameleon.New(dev, append([]chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit)}, cfg.Options...)...)
+	opts := append([]chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit)}, cfg.Options...)
+	if cfg.PolicyFile != "" {
+		opts = append(opts, chameleon.WithPolicyFile(cfg.PolicyFile))
+	}
+	eng, err := chameleon.New(dev, opts...)
 	if err != nil {
 		return nil, limitErr(err)
 	}
 	rep := &Report{Trace: tr.Name, Scale: cfg.Scale, LimitBytes: cfg.Limit, Engine: eng}
+	if err := eng.PolicyFileError(); err != nil {
+		rep.PolicyFileError = err.Error()
+	}
 	// Release points per iteration, from the memory model (which reads
 	// them off the recorded curve).
 	frees := make([][][]trace.TensorID, len(tr.Iterations))
@@ -301,6 +316,12 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep.CacheHits = st.CacheHits
 	rep.OnDemandSwapIns = st.OnDemandIn
 	rep.Evictions = st.Evictions
+	rep.PolicyUpdates = st.PolicyUpdates
+	if cfg.PolicyFile != "" {
+		if err := eng.SavePolicyFile(cfg.PolicyFile); err != nil {
+			return rep, fmt.Errorf("replay: %w", err)
+		}
+	}
 	return rep, nil
 }
 

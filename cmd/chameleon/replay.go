@@ -29,6 +29,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	recompute := fs.Bool("recompute", false, "let the Engine drop tensors of ops that can run again and recompute them (each recompute verified)")
+	policyFile := fs.String("policy-file", "", "policy file: loaded at start if it exists, saved at the end")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
 	cfg := detectionFlags(fs)
@@ -92,7 +93,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	defer dev.Close()
 	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: append([]chameleon.Option{chameleon.WithDetection(*cfg)}, extra...),
-		Recompute: *recompute}
+		Recompute: *recompute, PolicyFile: *policyFile}
 	if !*quiet {
 		rc.Progress = stderr
 	}
@@ -104,6 +105,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	rep.Trace = *path
+	if rep.PolicyFileError != "" {
+		fmt.Fprintf(stderr, "warning: %s\n", rep.PolicyFileError)
+	}
 	if *asJSON {
 		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", TimeBase: timeBase, Report: rep}); err != nil {
 			return err
@@ -116,7 +120,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout)
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
-		fmt.Fprintf(stdout, "policies planned %d, cache hits %d\nstages %s\n", rep.Replans, rep.CacheHits, strings.Join(rep.Stages, " "))
+		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, strings.Join(rep.Stages, " "))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tsimulated ms\t")
 		for _, x := range rep.PerIteration {

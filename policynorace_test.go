@@ -1,0 +1,5 @@
+//go:build !race
+
+package chameleon_test
+
+const policyRace = false

@@ -1,0 +1,7 @@
+//go:build race
+
+package chameleon_test
+
+// policyRace: under the race detector the policy-file tests keep the
+// bundled trace only; the public-trace replays are ten times slower there.
+const policyRace = true

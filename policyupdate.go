@@ -1,0 +1,275 @@
+package chameleon
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/plan"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Differential update: a cached policy planned under another limit, link
+// or device is simulated on this Engine's link against its own profiled
+// iteration (no new profile, no warm-up). The swaps that still hold are
+// kept; when the policy overflows the new limit only the overflow is
+// planned (swaps of tensors the policy does not move yet, over what its
+// swaps leave); when the new limit is larger, the swaps its extra memory
+// makes unneeded are let go. Only when no tier of the limit can be met that
+// way is the profile planned again from scratch (a replan).
+
+// updateStats says what an update did.
+type updateStats struct {
+	kept, added, dropped int
+}
+
+// update returns p planned for this Engine: updated (Stats.PolicyUpdates)
+// or, failing that, planned again from its profile (Stats.Replans).
+func (e *Engine) update(p *policy) (*policy, error) {
+	pr := p.prof
+	liveOut := make(map[trace.TensorID]bool, len(pr.liveOut))
+	for _, id := range pr.liveOut {
+		liveOut[id] = true
+	}
+	in := plan.Input{Iter: pr.iter, Limit: e.cfg.limit, LiveOut: func(id trace.TensorID) bool { return liveOut[id] }}
+	opts := slices.Clone(e.cfg.planning)
+	if slices.Contains(pr.recompute, true) {
+		opts = append(opts, plan.WithRecompute(recomputable(pr.recompute)))
+	}
+	link := e.cfg.link()
+	var st updateStats
+	tier := 0
+	diff := plan.PlannerFunc(func(mi mre.Input, popts ...mre.Option) (*mre.Policy, error) {
+		// Only the first tier: an update keeps the headroom a plan of the
+		// profile would have, or gives way to one.
+		if tier++; tier > 1 {
+			return nil, errNoUpdate
+		}
+		pol, s, err := differential(mi, p.swaps, p.recomputes, link, popts)
+		st = s
+		return pol, err
+	})
+	res, err := plan.Make(in, append(slices.Clone(opts), plan.WithPlanner(diff))...)
+	replan := false
+	if err != nil {
+		e.cfg.logger.Debug("chameleon: no differential update, planning the profile again", "err", err)
+		if res, err = plan.Make(in, opts...); err != nil {
+			return nil, err
+		}
+		replan = true
+	}
+	np := e.bindPlan(p.key, pr, res)
+	np.prof = pr
+	if replan {
+		e.stats.Replans++
+	} else {
+		e.stats.PolicyUpdates++
+	}
+	e.cfg.logger.Info("chameleon: policy updated", "from_limit", p.env.Limit, "to_limit", e.cfg.limit, "from_device", p.env.Device,
+		"to_device", e.dev.Name(), "replan", replan, "kept", st.kept, "added", st.added, "let_go", st.dropped, "swaps", len(np.swaps))
+	return np, nil
+}
+
+// bindPlan makes the policy of a plan of a profile (not a live iteration:
+// persistent tensors are bound by ID when the host has made them).
+func (e *Engine) bindPlan(key policyKey, pr *profiled, res *plan.Result) *policy {
+	it := pr.iter
+	ord := ordinals(it, e.enc.Vocab)
+	made := func(id trace.TensorID) plannedTensor {
+		t := it.Tensors[id]
+		if k := KindOf(t.Kind); k.persistent() {
+			return plannedTensor{Persistent: &persistRef{ID: id, Bytes: t.Bytes, DType: t.DType, Shape: t.Shape, Kind: k}}
+		}
+		pt := plannedTensor{Ptr: t.Ptr, Shape: t.Shape, Ord: ord[id]}
+		if a := res.Model.Lifetime(id).Alloc; a >= 0 && a < len(it.Ops) {
+			op := &it.Ops[a]
+			pt.Name, pt.Overload, pt.Module = op.Name, op.Overload, op.Module
+		}
+		return pt
+	}
+	swaps := slices.Clone(res.Swaps())
+	tensors := make([]plannedTensor, len(swaps))
+	for i, s := range swaps {
+		tensors[i] = made(s.Tensor)
+	}
+	rcs := slices.Clone(res.Recomputes())
+	rtensors := make([]plannedTensor, len(rcs))
+	var mtensors []plannedTensor
+	seen := map[trace.TensorID]bool{}
+	for k, r := range rcs {
+		rtensors[k] = made(r.Tensor)
+		for _, m := range r.Remade {
+			if !seen[m.Tensor] {
+				seen[m.Tensor] = true
+				mtensors = append(mtensors, made(m.Tensor))
+			}
+		}
+	}
+	np := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, nil, res.Issue, rcs, rtensors, mtensors, true)
+	np.env, np.eng = e.env(), e
+	if res.Exec != nil {
+		np.simMS = res.Exec.IterationUS / 1000
+	}
+	return np
+}
+
+// errNoUpdate wraps mre.ErrInfeasible: the planning path then tries the
+// next tier of the limit.
+var errNoUpdate = fmt.Errorf("the cached policy cannot be updated to this limit: %w", mre.ErrInfeasible)
+
+// differential is the Plan stage of an update at one tier of the limit
+// (in.Limit): the old swaps and recomputes simulated on link, then the
+// overflow planned or the swaps the room lets go dropped.
+func differential(in mre.Input, old []simulate.Swap, rcs []simulate.Recompute, link simulate.Link, popts []mre.Option) (*mre.Policy, updateStats, error) {
+	var st updateStats
+	curve := in.ResolveCurve()
+	n := len(curve)
+	for _, s := range old {
+		if _, ok := in.Model.Index[s.Tensor]; !ok {
+			return nil, st, fmt.Errorf("swap of tensor %d: not a tensor of the profile", s.Tensor)
+		}
+		if err := s.Validate(n); err != nil {
+			return nil, st, err
+		}
+	}
+	for _, r := range rcs {
+		if err := r.Validate(n); err != nil {
+			return nil, st, err
+		}
+	}
+	run := func(sw []simulate.Swap) (*simulate.Result, error) {
+		return simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: sw, Recomputes: rcs, Link: link})
+	}
+	done := func(sw []simulate.Swap, sim *simulate.Result) (*mre.Policy, updateStats, error) {
+		return &mre.Policy{Limit: in.Limit, MRL: mre.MRL(curve, in.Limit), Swaps: sw, Recomputes: rcs, Sim: sim, Curve: curve, Rounds: 1}, st, nil
+	}
+	sim, err := run(old)
+	if err != nil {
+		return nil, st, err
+	}
+	if sim.Peak <= in.Limit {
+		// The policy holds. Let go of what the room allows, largest first:
+		// each swap's bytes come back over the ops where they counted as
+		// free, if the curve stays under the limit there.
+		mem := make([]int64, n)
+		for t := range sim.Ops {
+			mem[t] = sim.Ops[t].Mem
+		}
+		order := make([]int, len(old))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(old[b].Bytes, old[a].Bytes) })
+		drop := make([]bool, len(old))
+		for _, i := range order {
+			s := old[i]
+			free := s.Free
+			if i < len(sim.Freed) && sim.Freed[i] >= 0 {
+				free = sim.Freed[i]
+			}
+			spans := freedSpans(s, free, n)
+			fits := true
+			for _, sp := range spans {
+				for t := sp[0]; t < sp[1] && fits; t++ {
+					fits = mem[t]+s.Bytes <= in.Limit
+				}
+			}
+			if !fits {
+				continue
+			}
+			for _, sp := range spans {
+				for t := sp[0]; t < sp[1]; t++ {
+					mem[t] += s.Bytes
+				}
+			}
+			drop[i] = true
+		}
+		kept := make([]simulate.Swap, 0, len(old))
+		for i, s := range old {
+			if !drop[i] {
+				kept = append(kept, s)
+			}
+		}
+		if len(kept) < len(old) {
+			if ks, err := run(kept); err == nil && ks.Peak <= in.Limit {
+				st.kept, st.dropped = len(kept), len(old)-len(kept)
+				return done(kept, ks)
+			}
+		}
+		st.kept = len(old)
+		return done(slices.Clone(old), sim)
+	}
+	// The policy overflows: plan the overflow over what its swaps leave,
+	// with tensors it does not move yet, a few rounds.
+	moved := map[trace.TensorID]bool{}
+	for _, s := range old {
+		moved[s.Tensor] = true
+	}
+	for _, r := range rcs {
+		moved[r.Tensor] = true
+	}
+	// Tensors the policy moves are no candidates: their bytes are already
+	// off the curve over their gaps.
+	model := *in.Model
+	model.Lifetimes = slices.Clone(in.Model.Lifetimes)
+	hide := func() {
+		for k := range model.Lifetimes {
+			if moved[model.Lifetimes[k].Tensor.ID] {
+				model.Lifetimes[k].Bytes = 0
+			}
+		}
+	}
+	all := slices.Clone(old)
+	for range 3 {
+		hide()
+		rest := make([]int64, n)
+		for t := range sim.Ops {
+			rest[t] = sim.Ops[t].Mem
+		}
+		extra, err := mre.Plan(mre.Input{Model: &model, Curve: rest, OpTimes: in.OpTimes, Groups: in.Groups, Limit: in.Limit}, popts...)
+		if err != nil {
+			if errors.Is(err, mre.ErrInfeasible) {
+				return nil, st, errNoUpdate
+			}
+			return nil, st, err
+		}
+		added := 0
+		for _, s := range extra.Swaps {
+			if !moved[s.Tensor] {
+				moved[s.Tensor] = true
+				all = append(all, s)
+				added++
+			}
+		}
+		if added == 0 {
+			break
+		}
+		st.added += added
+		slices.SortStableFunc(all, func(a, b simulate.Swap) int {
+			return cmp.Or(cmp.Compare(a.Out, b.Out), cmp.Compare(a.Tensor, b.Tensor))
+		})
+		if sim, err = run(all); err != nil {
+			return nil, st, err
+		}
+		if sim.Peak <= in.Limit {
+			st.kept = len(old)
+			return done(all, sim)
+		}
+	}
+	return nil, st, errNoUpdate
+}
+
+// freedSpans are the ops [from, to) after which a swap's memory counted as
+// free: from the op its copy out freed it to the op that takes it again.
+func freedSpans(s simulate.Swap, free, n int) [][2]int {
+	if s.Wraps() {
+		return [][2]int{{0, s.In}, {min(max(free, s.Out+1), n), n}}
+	}
+	if free < 0 || free <= s.Out {
+		free = s.Out + 1
+	}
+	return [][2]int{{free, s.In}}
+}
