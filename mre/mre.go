@@ -183,6 +183,8 @@ type planner struct {
 	simCurve   []int64
 	blocked    func(c Candidate) bool
 	readAt     func(id trace.TensorID) int // the last op before which a recompute reads it, -1 if none
+	noQueue    bool                        // time wrapping swaps' copies back each alone
+	queued     bool                        // queueing moved a wrapping swap's copy back
 	n          int
 	curve      []int64
 	need       []int64 // curve - limit
@@ -233,8 +235,24 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 }
 
 // planSwaps is the swap planner of Plan, over the need that p's recomputes
-// leave.
+// leave. Where swaps across the iteration boundary are needed, it plans
+// them twice, with their copies back timed each alone and as one engine
+// queues them (wrapping), and keeps the faster policy: queued, the copies
+// back stall nothing but free less; alone, they free more and may stall.
 func planSwaps(in Input, curve []int64, p *planner) (*Policy, error) {
+	alone := *p
+	pol, err := planSwapsOnce(in, curve, p)
+	if err != nil || !p.queued {
+		return pol, err
+	}
+	alone.noQueue = true
+	if pa, err := planSwapsOnce(in, curve, &alone); err == nil && pa.Sim.IterationUS < pol.Sim.IterationUS {
+		return pa, nil
+	}
+	return pol, nil
+}
+
+func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 	cfg := p.cfg
 	n := len(curve)
 	p.n, p.curve, p.times, p.groups = n, curve, in.OpTimes, in.Groups
@@ -398,9 +416,10 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 			// The copies back share one engine: time them together, latest
 			// use first, each ending before its use and before the next one
 			// starts, and count what that takes back.
-			if !p.queueWraps(cands, picked, chosen) {
+			if p.noQueue || !p.queueWraps(cands, picked, chosen) {
 				return chosen
 			}
+			p.queued = true
 			copy(short, base)
 			for _, w := range chosen {
 				for t := range n {

@@ -178,7 +178,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	recompute := fs.Bool("recompute", false, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
 	asJSON := fs.Bool("json", false, "print one JSON object; an infeasible limit prints feasible:false with the shortfall and exits 0")
-	plotPath := fs.String("plot", "", "draw memory before/after, the limit and the swap spans (`file`.svg or .png)")
+	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png)")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -239,7 +239,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--perfetto: %w", err)
 		}
-		werr := rep.sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps)
+		werr := rep.sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps, rep.policy.Recomputes...)
 		if cerr := f.Close(); werr == nil {
 			werr = cerr
 		}
@@ -420,9 +420,11 @@ func parseBandwidth(s string) (float64, error) {
 	return float64(v), nil
 }
 
-// plotPlan draws the recorded curve before and after the plan, the limit
-// and each swap's span (from its free op to its trigger, at the height of
-// its size above the axis), to SVG or PNG by the file's extension.
+// plotPlan draws the recorded curve before and after the plan, the limit,
+// each swap's span (from its free op to its trigger, at the height of its
+// size above the axis, green) and each recompute's (from its drop to the
+// op it is made again for, at the depth of its size below the axis,
+// orange), to SVG or PNG by the file's extension.
 func plotPlan(path string, r *planReport) error {
 	pol := r.policy
 	p := plot.New()
@@ -468,6 +470,20 @@ func plotPlan(path string, r *planReport) error {
 		p.Add(seg)
 		if x == 0 {
 			p.Legend.Add("swap span (height: size)", seg)
+		}
+	}
+	for x, rc := range pol.Recomputes {
+		// Dropped over [Drop+1, Before): a span below the axis, at the
+		// depth of its size, apart from the swaps above it.
+		y := -gib(rc.Bytes)
+		seg, err := plotter.NewLine(plotter.XYs{{X: float64(rc.Drop + 1), Y: y}, {X: float64(rc.Before), Y: y}})
+		if err != nil {
+			return err
+		}
+		seg.Color = plotColor(230, 140, 20)
+		p.Add(seg)
+		if x == 0 {
+			p.Legend.Add("recompute span (depth: size)", seg)
 		}
 	}
 	p.Legend.Top = true
