@@ -12,6 +12,7 @@ package mre
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 
@@ -181,7 +182,9 @@ type planner struct {
 	recomputes []simulate.Recompute
 	simCurve   []int64
 	blocked    func(c Candidate) bool
-	pinned     func(id trace.TensorID) bool // a recompute reads it: no swap across the iteration boundary
+	readAt     func(id trace.TensorID) int // the last op before which a recompute reads it, -1 if none
+	noQueue    bool                        // time wrapping swaps' copies back each alone
+	queued     bool                        // queueing moved a wrapping swap's copy back
 	n          int
 	curve      []int64
 	need       []int64 // curve - limit
@@ -232,8 +235,24 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 }
 
 // planSwaps is the swap planner of Plan, over the need that p's recomputes
-// leave.
+// leave. Where swaps across the iteration boundary are needed, it plans
+// them twice, with their copies back timed each alone and as one engine
+// queues them (wrapping), and keeps the faster policy: queued, the copies
+// back stall nothing but free less; alone, they free more and may stall.
 func planSwaps(in Input, curve []int64, p *planner) (*Policy, error) {
+	alone := *p
+	pol, err := planSwapsOnce(in, curve, p)
+	if err != nil || !p.queued {
+		return pol, err
+	}
+	alone.noQueue = true
+	if pa, err := planSwapsOnce(in, curve, &alone); err == nil && pa.Sim.IterationUS < pol.Sim.IterationUS {
+		return pa, nil
+	}
+	return pol, nil
+}
+
+func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 	cfg := p.cfg
 	n := len(curve)
 	p.n, p.curve, p.times, p.groups = n, curve, in.OpTimes, in.Groups
@@ -365,11 +384,13 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 	var cands []simulate.Swap
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if !lt.Tensor.Kind.Persistent() || len(lt.Uses) == 0 || lt.Bytes < p.cfg.minBytes || lt.Bytes == 0 ||
-			(p.pinned != nil && p.pinned(lt.Tensor.ID)) {
+		if !lt.Tensor.Kind.Persistent() || len(lt.Uses) == 0 || lt.Bytes < p.cfg.minBytes || lt.Bytes == 0 {
 			continue
 		}
 		i, j := lt.LastUse(), int(lt.Uses[0])
+		if p.readAt != nil && p.readAt(lt.Tensor.ID) > i {
+			continue // a recompute reads it after its last use: it must stay
+		}
 		tOut := float64(lt.Bytes) / p.cfg.link.D2H * 1e6 * margin
 		tIn := float64(lt.Bytes) / p.cfg.link.H2D * 1e6 * margin
 		ready := p.start[i+1] + tOut
@@ -380,7 +401,9 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 		cands = append(cands, simulate.Swap{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Out: i, Free: f, In: kk, Use: j})
 	}
 	covers := func(w simulate.Swap, t int) bool { return t < w.In || t >= w.Free }
+	base := slices.Clone(short)
 	var chosen []simulate.Swap
+	var picked []int
 	used := make([]bool, len(cands))
 	for {
 		var left int
@@ -390,7 +413,22 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 			}
 		}
 		if left == 0 {
-			return chosen
+			// The copies back share one engine: time them together, latest
+			// use first, each ending before its use and before the next one
+			// starts, and count what that takes back.
+			if p.noQueue || !p.queueWraps(cands, picked, chosen) {
+				return chosen
+			}
+			p.queued = true
+			copy(short, base)
+			for _, w := range chosen {
+				for t := range n {
+					if covers(w, t) {
+						short[t] -= w.Bytes
+					}
+				}
+			}
+			continue
 		}
 		best, bestScore := -1, 0.0
 		for x, w := range cands {
@@ -416,12 +454,46 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 		used[best] = true
 		w := cands[best]
 		chosen = append(chosen, w)
+		picked = append(picked, best)
 		for t := range n {
 			if covers(w, t) {
 				short[t] -= w.Bytes
 			}
 		}
 	}
+}
+
+// queueWraps times the copies back of the chosen wrapping swaps (chosen[x]
+// is cands[picked[x]]) as one engine runs them: from the latest use back,
+// each copy ends before its use and before the copy after it starts, and
+// is issued no later than its own timing (cands) says. It reports whether
+// any trigger moved earlier.
+func (p *planner) queueWraps(cands []simulate.Swap, picked []int, chosen []simulate.Swap) bool {
+	order := make([]int, len(chosen))
+	for x := range order {
+		order[x] = x
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		if chosen[a].Use != chosen[b].Use {
+			return chosen[b].Use - chosen[a].Use
+		}
+		return int(chosen[a].Tensor - chosen[b].Tensor)
+	})
+	margin := 1 + p.cfg.margin
+	moved := false
+	avail := math.Inf(1)
+	for _, x := range order {
+		w := &chosen[x]
+		end := min(p.start[w.Use], avail)
+		begin := end - float64(w.Bytes)/p.cfg.link.H2D*1e6*margin
+		avail = begin
+		k := max(sort.Search(w.Use+1, func(t int) bool { return p.start[t] > begin })-1, 0)
+		k = min(k, cands[picked[x]].In)
+		if k < w.In {
+			w.In, moved = k, true
+		}
+	}
+	return moved
 }
 
 func (p *planner) init(cs []Candidate) {

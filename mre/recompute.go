@@ -2,6 +2,7 @@ package mre
 
 import (
 	"cmp"
+	"container/heap"
 	"errors"
 	"slices"
 	"strings"
@@ -192,10 +193,14 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 	return out
 }
 
-// pickRecomputes selects, cheapest per byte first, the recomputes that
-// relieve points still over the limit until their time reaches budget µs or
-// no point is left, then drops those the others make redundant (dearest
-// first).
+// pickRecomputes selects recomputes that relieve points still over the
+// limit, cheapest per byte saved first, until their time reaches budget µs
+// or no point is left, then drops those the others make redundant
+// (dearest first). A byte saved counts once per op it relieves over the
+// limit, as the paper's score counts reduction points: a recompute over a
+// short gap where little is over the limit saves little, however cheap
+// its op. The ranking is lazy: a candidate's saving only shrinks as others
+// are taken, so the best of those re-evaluated is the best of all.
 //
 // Recomputes chain: when a chosen recompute reads a tensor that is itself
 // dropped at that time, the tensor is recomputed first, at the same op,
@@ -204,21 +209,86 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 // that read. A recompute is taken only if, with its chain, it relieves a
 // point over the limit and pushes none over it.
 func pickRecomputes(rcs []rcand, need []int64, budget float64) []rcand {
-	ps := &picker{rem: slices.Clone(need), readers: map[trace.TensorID][]int{}, held: map[trace.TensorID]int{},
+	order, spent := pickOrder(rcs, need)
+	k, _ := slices.BinarySearchFunc(spent, budget, func(v, b float64) int {
+		if v <= b {
+			return -1
+		}
+		return 1
+	})
+	return pickPrefix(rcs, need, order[:k])
+}
+
+func newPicker(need []int64) *picker {
+	return &picker{rem: slices.Clone(need), readers: map[trace.TensorID][]int{}, held: map[trace.TensorID]int{},
 		dropped: map[trace.TensorID][]int{}, delta: make([]int64, len(need)), mark: make([]int32, len(need))}
-	var spent float64
-	for _, c := range rcs {
-		if spent+c.cost > budget {
+}
+
+// pickOrder runs the selection with no budget: the candidates taken, in
+// order (indices into rcs), and the time of each prefix of them. A budget
+// takes the longest prefix it pays for, so one run serves every budget.
+func pickOrder(rcs []rcand, need []int64) (order []int, spent []float64) {
+	ps := newPicker(need)
+	h := make(rankHeap, 0, len(rcs))
+	for x := range rcs {
+		if _, gain, ok := ps.trial(rcs[x]); ok {
+			h = append(h, ranked{x, rcs[x].cost / float64(gain)})
+		}
+	}
+	heap.Init(&h)
+	var total float64
+	for h.Len() > 0 {
+		top := heap.Pop(&h).(ranked)
+		c, gain, ok := ps.trial(rcs[top.x])
+		if !ok {
 			continue
 		}
-		if ps.try(c) {
-			spent += c.cost
-			if !slices.ContainsFunc(ps.rem, func(v int64) bool { return v > 0 }) {
-				break
-			}
+		if r := rcs[top.x].cost / float64(gain); h.Len() > 0 && r > h[0].key*(1+1e-9) {
+			heap.Push(&h, ranked{top.x, r}) // worth less than it was: rank it again
+			continue
+		}
+		ps.commit(c)
+		total += c.cost
+		order, spent = append(order, top.x), append(spent, total)
+		if !slices.ContainsFunc(ps.rem, func(v int64) bool { return v > 0 }) {
+			break
+		}
+	}
+	return order, spent
+}
+
+// pickPrefix takes the candidates of order as pickOrder took them, then
+// drops those the others make redundant.
+func pickPrefix(rcs []rcand, need []int64, order []int) []rcand {
+	ps := newPicker(need)
+	for _, x := range order {
+		if c, _, ok := ps.trial(rcs[x]); ok {
+			ps.commit(c)
 		}
 	}
 	return ps.prune(need)
+}
+
+// ranked is a candidate (index x) with its cost per byte saved.
+type ranked struct {
+	x   int
+	key float64
+}
+
+// rankHeap is a min-heap of ranked candidates, ties by index.
+type rankHeap []ranked
+
+func (h rankHeap) Len() int { return len(h) }
+func (h rankHeap) Less(a, b int) bool {
+	return h[a].key < h[b].key || (h[a].key == h[b].key && h[a].x < h[b].x)
+}
+func (h rankHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
+func (h *rankHeap) Push(v any)   { *h = append(*h, v.(ranked)) }
+func (h *rankHeap) Pop() any {
+	old := *h
+	v := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return v
 }
 
 // picker is pickRecomputes' state.
@@ -231,15 +301,18 @@ type picker struct {
 	delta   []int64                  // scratch: a trial's change to rem, per op
 	touched []int                    // scratch: the ops delta changes
 	mark    []int32                  // scratch: the trial that last touched each op
-	trial   int32
+	trialN  int32
 	moves   []move // scratch: a trial's recomputes moved earlier
 }
 
 // move is a chosen recompute, x, made earlier: before op to.
 type move struct{ x, to int }
 
-// try takes c if it pays, with what its chain changes.
-func (ps *picker) try(c rcand) bool {
+// trial works out what taking c would do, with its chain: c as it would
+// be taken, the bytes times ops over the limit it relieves, and whether
+// it pays (relieves some and pushes no point over the limit). The change
+// stays in the scratch (delta, touched, moves) for commit.
+func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	// Dropped only up to its first reader.
 	for _, t := range ps.readers[c.Tensor] {
 		if t > c.Drop && t < c.Before {
@@ -247,10 +320,12 @@ func (ps *picker) try(c rcand) bool {
 		}
 	}
 	if c.Before <= c.Drop+1 {
-		return false
+		return c, 0, false
 	}
-	c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
-	ps.trial++
+	if slices.ContainsFunc(c.Kept, func(k simulate.Kept) bool { return k.From >= c.Before }) {
+		c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
+	}
+	ps.trialN++
 	ps.touched = ps.touched[:0]
 	ps.moves = ps.moves[:0]
 	ps.add(c.Drop+1, c.Before, -c.Bytes)
@@ -259,25 +334,29 @@ func (ps *picker) try(c rcand) bool {
 	}
 	ps.chain(c.inputs, c.Before)
 	if ps.strands() {
-		return false
+		return c, 0, false
 	}
-	gain, worse := int64(0), false
+	gain := int64(0)
 	for _, t := range ps.touched {
 		d := ps.delta[t]
 		before, after := max(ps.rem[t], 0), max(ps.rem[t]+d, 0)
+		if after > 0 && before == 0 {
+			return c, 0, false
+		}
 		gain += before - after
-		worse = worse || (after > 0 && before == 0)
 	}
-	if gain <= 0 || worse {
-		return false
-	}
+	return c, gain, gain > 0
+}
+
+// commit takes c, as the last trial worked it out.
+func (ps *picker) commit(c rcand) {
 	for _, t := range ps.touched {
 		ps.rem[t] += ps.delta[t]
 	}
 	for _, m := range ps.moves {
 		d := &ps.chosen[m.x]
 		d.Before = m.to
-		d.Kept = slices.DeleteFunc(d.Kept, func(k simulate.Kept) bool { return k.From >= m.to })
+		d.Kept = slices.DeleteFunc(slices.Clone(d.Kept), func(k simulate.Kept) bool { return k.From >= m.to })
 		for _, id := range d.inputs {
 			ps.readers[id] = append(ps.readers[id], m.to)
 		}
@@ -291,14 +370,13 @@ func (ps *picker) try(c rcand) bool {
 	for _, k := range c.Kept {
 		ps.held[k.Tensor] = max(ps.held[k.Tensor], c.Before, k.From)
 	}
-	return true
 }
 
 // add changes the trial's delta by b over the ops [lo, hi).
 func (ps *picker) add(lo, hi int, b int64) {
 	for t := lo; t < hi; t++ {
-		if ps.mark[t] != ps.trial {
-			ps.mark[t], ps.delta[t] = ps.trial, 0
+		if ps.mark[t] != ps.trialN {
+			ps.mark[t], ps.delta[t] = ps.trialN, 0
 			ps.touched = append(ps.touched, t)
 		}
 		ps.delta[t] += b
@@ -439,15 +517,31 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	var bestErr error
 	// Every budget is tried: the simulated time is not unimodal in the
 	// budget (a few recomputes can make the swap plan worse, more make it
-	// far better), so stopping early misses the best.
+	// far better), so stopping early misses the best. The selection runs
+	// once (each budget takes a prefix of its order), and a budget whose
+	// recomputes alone take the iteration past the best policy so far is
+	// not planned: recomputes run on the compute stream, so no swap plan
+	// can make it faster.
+	order, spent := pickOrder(rcs, need)
+	type trial struct {
+		picked []rcand
+		first  float64 // the iteration after one plan-simulate round
+	}
+	var trials []trial
+	screen := cfg
+	screen.rounds = 1
 	prev := -1
 	for _, share := range recomputeBudgets {
-		picked := pickRecomputes(rcs, need, share*base)
-		if len(picked) == prev {
+		k := 0
+		for k < len(spent) && spent[k] <= share*base {
+			k++
+		}
+		if k == prev {
 			continue // the same set as the budget before
 		}
-		prev = len(picked)
-		pol, err := planWith(in, curve, cfg, picked)
+		prev = k
+		picked := pickPrefix(rcs, need, order[:k])
+		pol, err := planWith(in, curve, screen, picked)
 		if err != nil {
 			if !errors.Is(err, ErrInfeasible) {
 				return nil, err
@@ -455,7 +549,33 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			bestErr = err
 			continue
 		}
+		trials = append(trials, trial{picked, pol.Sim.IterationUS})
 		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
+			best = pol
+		}
+	}
+	// The rounds that adjust the swaps to the simulated copies run for the
+	// budgets whose first round was fastest; a budget whose recomputes
+	// alone take the iteration past the best policy so far is not planned
+	// further: recomputes run on the compute stream, so no swap plan can
+	// make it faster.
+	slices.SortStableFunc(trials, func(a, b trial) int { return cmp.Compare(a.first, b.first) })
+	for x, tr := range trials {
+		if x == refinedBudgets || cfg.rounds == 1 {
+			break
+		}
+		var cost float64
+		for _, c := range tr.picked {
+			cost += c.cost
+		}
+		if base+cost >= best.Sim.IterationUS {
+			continue
+		}
+		pol, err := planWith(in, curve, cfg, tr.picked)
+		if err != nil {
+			return nil, err // the first round met the limit: so do the rest
+		}
+		if pol.Sim.IterationUS < best.Sim.IterationUS {
 			best = pol
 		}
 	}
@@ -464,6 +584,10 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	}
 	return best, nil
 }
+
+// refinedBudgets is how many budgets, the fastest after one round, get
+// every plan-simulate round.
+const refinedBudgets = 3
 
 // planWith plans swaps for what the recomputes rcs leave over the limit.
 func planWith(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error) {
@@ -496,7 +620,13 @@ func planWith(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error)
 		}
 	}
 	sortRecomputes(p.recomputes)
-	p.pinned = func(id trace.TensorID) bool { return len(pinned[id]) > 0 }
+	p.readAt = func(id trace.TensorID) int {
+		last := -1
+		for _, t := range pinned[id] {
+			last = max(last, t)
+		}
+		return last
+	}
 	p.blocked = func(c Candidate) bool {
 		return gone[key{c.Tensor, c.Out}] || slices.ContainsFunc(pinned[c.Tensor], func(t int) bool { return t > c.Out && t < c.Use })
 	}

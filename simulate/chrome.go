@@ -29,8 +29,10 @@ type chromeEvent struct {
 // chrome://tracing and Perfetto open): one process with three threads,
 // compute, d2h and h2d, timestamps in microseconds. names gives each op's
 // label (nil: "op N"); swaps must be the swaps the result was simulated
-// with.
-func (r *Result) WriteChromeTrace(w io.Writer, names []string, swaps []Swap) error {
+// with. Each recompute is a slice on the compute track, named after its
+// producer, before the op that needs it (rcs: the recomputes the result
+// was simulated with; nil leaves them unnamed).
+func (r *Result) WriteChromeTrace(w io.Writer, names []string, swaps []Swap, rcs ...Recompute) error {
 	bw := bufio.NewWriter(w)
 	if _, err := bw.WriteString("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"); err != nil {
 		return err
@@ -72,6 +74,25 @@ func (r *Result) WriteChromeTrace(w io.Writer, names []string, swaps []Swap) err
 		}
 		if err := emit(chromeEvent{Name: name, Ph: "X", TS: op.Start, Dur: op.End - op.Start, PID: 1, TID: tidCompute,
 			Args: map[string]any{"op": t, "mem": op.Mem}}); err != nil {
+			return err
+		}
+	}
+	for k, sp := range r.Recomputed {
+		name, args := fmt.Sprintf("recompute #%d", k), map[string]any{}
+		if k < len(rcs) {
+			rc := rcs[k]
+			op := fmt.Sprintf("op %d", rc.Op)
+			if rc.Op < len(names) && names[rc.Op] != "" {
+				op = names[rc.Op]
+			}
+			name = "recompute " + op
+			args["tensor"], args["bytes"], args["op"], args["dropped_after_op"], args["before_op"] = rc.Tensor, rc.Bytes, rc.Op, rc.Drop, rc.Before
+			if len(rc.Remade) > 0 {
+				args["remade_inputs"] = len(rc.Remade)
+			}
+		}
+		if err := emit(chromeEvent{Name: name, Ph: "X", TS: sp.Start, Dur: sp.End - sp.Start, PID: 1, TID: tidCompute,
+			Args: args}); err != nil {
 			return err
 		}
 	}

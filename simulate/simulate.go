@@ -310,6 +310,9 @@ type Result struct {
 	BaseUS, IterationUS float64
 	StallUS             float64
 	RecomputeUS         float64
+	// Recomputed is, per recompute (indexed like Input.Recomputes), when it
+	// ran on the compute stream.
+	Recomputed []Span
 	// Peak is the largest Mem, PeakOp where.
 	Peak   int64
 	PeakOp int
@@ -317,6 +320,9 @@ type Result struct {
 	BytesD2H, BytesH2D int64
 	BusyD2H, BusyH2D   float64
 }
+
+// Span is a stretch of the timeline, microseconds.
+type Span struct{ Start, End float64 }
 
 // OverheadPct is the simulated slowdown over the op times alone, in percent.
 func (r *Result) OverheadPct() float64 {
@@ -378,10 +384,11 @@ func Run(in Input) (*Result, error) {
 		recAt[rc.Before] = append(recAt[rc.Before], k)
 	}
 	r := &Result{
-		Ops:   make([]OpStat, n),
-		Out:   make([]Transfer, len(in.Swaps)),
-		In:    make([]Transfer, len(in.Swaps)),
-		Freed: make([]int, len(in.Swaps)),
+		Ops:        make([]OpStat, n),
+		Out:        make([]Transfer, len(in.Swaps)),
+		In:         make([]Transfer, len(in.Swaps)),
+		Freed:      make([]int, len(in.Swaps)),
+		Recomputed: make([]Span, len(in.Recomputes)),
 	}
 	// Per-op lists of swaps, by index: whose out starts after the op, whose
 	// in is issued at it, which the op waits for.
@@ -556,7 +563,9 @@ func Run(in Input) (*Result, error) {
 			for _, m := range rc.Remade {
 				d += in.OpTimes[m.Op]
 			}
+			r.Recomputed[k].Start = now
 			advance(now + d)
+			r.Recomputed[k].End = now
 			r.RecomputeUS += d
 		}
 		ready := now

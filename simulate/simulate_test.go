@@ -244,6 +244,10 @@ func TestRecompute(t *testing.T) {
 	assert.Equal(t, 20.0, r.RecomputeUS)
 	assert.Equal(t, 50.0, r.Ops[3].End)
 	assert.Equal(t, 70.0, r.Ops[4].Start, "op 4 waits for the recompute")
+	assert.Equal(t, []Span{{Start: 50, End: 70}}, r.Recomputed)
+	var buf bytes.Buffer
+	require.NoError(t, r.WriteChromeTrace(&buf, []string{"a", "aten::mul", "b", "c", "d"}, nil, in.Recomputes...))
+	assert.Contains(t, buf.String(), `"name":"recompute aten::mul","ph":"X","ts":50,"dur":20,"pid":1,"tid":1`)
 	got := []int64{}
 	for _, o := range r.Ops {
 		got = append(got, o.Mem)

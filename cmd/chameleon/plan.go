@@ -183,7 +183,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	bounds := fs.String("boundaries", "", "layer boundaries by hand: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*); replaces --grouping and --groups")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); an infeasible limit prints feasible:false with the shortfall and exits 0")
-	plotPath := fs.String("plot", "", "draw memory before/after, the limit and the swap spans (`file`.svg or .png)")
+	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png)")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
 	if err := parseArgs(fs, args); err != nil {
 		return err
@@ -229,7 +229,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--perfetto: %w", err)
 		}
-		werr := rep.sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps)
+		werr := rep.sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps, rep.policy.Recomputes...)
 		if cerr := f.Close(); werr == nil {
 			werr = cerr
 		}

@@ -222,8 +222,14 @@ func checkPlan(t *testing.T, it *trace.Iteration, rep *planReport, name string, 
 	// The executor's in-order copy streams, issuing as the plan's
 	// simulation started the copies, run the same schedule.
 	tol := 1e-3
-	if strings.HasSuffix(name, "45%") || strings.Contains(name, "45% ") {
+	if slices.ContainsFunc([]string{"45%", "35%", "30%"}, func(p string) bool { return strings.Contains(name, "@"+p) }) {
 		tol = 0.02 // deep cuts queue more copies behind each other
+		if len(rep.Recomputes) > 0 {
+			// The link-bound hybrid plans (llama16-fp16-scaler: 157.9 ms
+			// simulated, 164.1 ms in issue order) queue the forward's copies
+			// out behind each other: issue order costs up to 4%.
+			tol = 0.045
+		}
 	}
 	assert.InEpsilon(t, rep.IterationMSSim, rep.IterationMSExec, tol, name)
 	assert.LessOrEqual(t, rep.PeakBytesExec, rep.PlannedBytes, name)
@@ -258,7 +264,11 @@ func TestPlanTraces(t *testing.T) {
 	for _, path := range files {
 		tr, err := trace.ReadFile(path)
 		require.NoError(t, err)
-		for _, pct := range []string{"90%", "80%", "70%", "60%", "45%"} {
+		pcts := []string{"90%", "80%", "70%", "60%", "45%"}
+		if filepath.Base(path) == "llama16-bf16.jsonl.gz" {
+			pcts = append(pcts, "35%", "30%") // below checkpointing's peak
+		}
+		for _, pct := range pcts {
 			name := filepath.Base(path) + "@" + pct
 			// What the Engine plans (its limit tiers), and a plan for the
 			// limit alone, which the planner's quality is judged by.
@@ -336,6 +346,100 @@ func planDoc(rows []row) string {
 	}
 	b.WriteString(planDocTail)
 	return b.String()
+}
+
+// TestRecomputeTargets holds swap and recompute together, planned for the
+// limit alone, to their simulated overheads at activation checkpointing's
+// own peak (llama16-bf16 at 45%, llama7b-8l-bf16 at 61%; checkpointing
+// measured +26% and +23% on the H200) and at deeper cuts. The figures are
+// deterministic simulations; each bound is the figure the planner reaches
+// (docs/plan.md) plus a point or two.
+func TestRecomputeTargets(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the public traces are slow under the race detector")
+	}
+	for _, c := range []struct {
+		trace, limit string
+		max          float64
+	}{
+		{"llama16-bf16.jsonl.gz", "45%", 18},
+		{"llama16-bf16.jsonl.gz", "35%", 25},
+		{"llama7b-8l-bf16.jsonl.gz", "61%", 10},
+		{"llama16-lora.jsonl.gz", "45%", 7.5},
+		{"llama16-fp16-scaler.jsonl.gz", "45%", 95},
+	} {
+		path := filepath.Join(publicDir, c.trace)
+		if _, err := os.Stat(path); err != nil {
+			t.Skipf("%s absent", path)
+		}
+		tr, err := trace.ReadFile(path)
+		require.NoError(t, err)
+		name := c.trace + "@" + c.limit
+		rep, err := planTrace(tr, planConfig{iter: 1, limit: c.limit, minBytes: mre.DefaultMinBytes, prefetch: mre.DefaultPrefetchLayers,
+			tiers: []int{100}, recompute: true})
+		require.NoError(t, err, name)
+		checkPlan(t, tr.Iterations[rep.Iter], rep, name+" hybrid", false)
+		assert.LessOrEqual(t, rep.PeakBytesAfter, rep.LimitBytes, name)
+		assert.LessOrEqual(t, rep.OverheadPct, c.max, name)
+		assert.NotEmpty(t, rep.Recomputes, name)
+		t.Logf("%s: %.1f%% (%.2f ms of recompute, %.2f GB swapped)", name, rep.OverheadPct, rep.RecomputeMS, float64(rep.BytesOut)/1e9)
+	}
+}
+
+// TestPlanRecomputeOutputs: --plot marks the recompute spans apart from
+// the swaps, and --perfetto puts each recompute on the compute track, just
+// before the op it is made for.
+func TestPlanRecomputeOutputs(t *testing.T) {
+	path := filepath.Join(publicDir, "llama7b-8l-bf16.jsonl.gz")
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s absent", path)
+	}
+	dir := t.TempDir()
+	svg, pf := filepath.Join(dir, "mem.svg"), filepath.Join(dir, "tl.json")
+	var out, errb bytes.Buffer
+	code := runMain([]string{"plan", "--trace", path, "--limit", "61%", "--recompute", "--tiers", "100", "--json", "--plot", svg, "--perfetto", pf}, &out, &errb)
+	require.Equal(t, 0, code, errb.String())
+	var rep struct {
+		Recomputes []simulate.Recompute `json:"recomputes"`
+		Swaps      []simulate.Swap      `json:"swaps"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	require.NotEmpty(t, rep.Recomputes)
+	plot, err := os.ReadFile(svg)
+	require.NoError(t, err)
+	assert.Contains(t, string(plot), "recompute: dropped")
+	assert.Contains(t, string(plot), "swap: memory free")
+	data, err := os.ReadFile(pf)
+	require.NoError(t, err)
+	var tl struct {
+		TraceEvents []struct {
+			Name string         `json:"name"`
+			Ph   string         `json:"ph"`
+			TS   float64        `json:"ts"`
+			Dur  float64        `json:"dur"`
+			TID  int            `json:"tid"`
+			Args map[string]any `json:"args"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(data, &tl))
+	opStart := map[int]float64{}
+	for _, e := range tl.TraceEvents {
+		if e.Ph == "X" && e.TID == 1 && !strings.HasPrefix(e.Name, "recompute ") && e.Name != "stall" {
+			opStart[int(e.Args["op"].(float64))] = e.TS
+		}
+	}
+	n := 0
+	for _, e := range tl.TraceEvents {
+		if !strings.HasPrefix(e.Name, "recompute ") {
+			continue
+		}
+		n++
+		assert.Equal(t, 1, e.TID, "on the compute track")
+		assert.Positive(t, e.Dur)
+		before := int(e.Args["before_op"].(float64))
+		assert.LessOrEqual(t, e.TS+e.Dur, opStart[before]+1e-6, "%s ends before op %d starts", e.Name, before)
+	}
+	assert.Equal(t, len(rep.Recomputes), n, "one slice per recompute")
 }
 
 func TestPlanJSON(t *testing.T) {
@@ -451,7 +555,12 @@ compute stream and delay everything after them; the overhead includes their time
 tries recompute budgets from none (the swap-only plan) to every useful recompute, cheapest per
 byte first, plans swaps for what each leaves and keeps the fastest; the test checks every plan
 against the recorded curve with the held inputs counted and every input on the device at its
-recompute. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
+recompute. The recomputes are ranked by time per byte saved, a byte counting once per op it relieves
+over the limit (the paper's reduction points), lazily re-ranked as others are taken; one ranking
+serves every budget (each takes a prefix), every budget gets one plan-simulate round and the three
+fastest all of them, and a budget whose recompute time alone exceeds the best iteration so far is
+not planned. Swaps across the iteration boundary (optimizer state) have their copies back timed as
+one engine queues them, latest use first, as well as each alone; the faster plan is kept. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
 peak (8.29 GiB) for +26% and llama7b-8l to 61% (15.43 GiB) for +23%; torch.compile with an
 activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms).
 
@@ -460,14 +569,18 @@ activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms
 const planDocTail = `
 ## Reading it
 
-- Swap and recompute together are the frontier: llama16-bf16 at 80% of its peak costs 1.9%
-  instead of 30.0% with swaps alone, at 60% 11.0% instead of 151.9%, at 45% (checkpointing's own
-  peak, +26% measured) 33.5%; llama16-lora at 45% 11.8%. llama7b-8l at 60% costs 16.7% (at 61%,
-  checkpointing's peak, ` + "`chameleon plan --recompute --tiers 100 --limit 61%`" + ` gives 12.1%; checkpointing
-  +23%). What is left at 45% on llama16 is link time: the parameters and optimizer state (4.7 GiB)
-  and the loss's 2.9 GiB of logits in use leave 0.7 GiB at the peak for everything else, and the
-  tensors no recompute can make (attention's outputs, inputs neither kept nor remade) go by the
-  link. fp16-scaler at 45% is 126.0% for the same reason. These are plans: the executor does not
+- Swap and recompute together are the frontier: llama16-bf16 at 80% of its peak costs 2.0%
+  instead of 30.0% with swaps alone, at 60% 7.4% instead of 151.9%, at 45% (checkpointing's own
+  peak, +26% measured) 16.6%, at 35% 22.9%; llama16-lora at 45% 6.2%. llama7b-8l at 60% costs 10.0%
+  (at 61%, checkpointing's peak, ` + "`chameleon plan --recompute --tiers 100 --limit 61%`" + ` gives 8.5%;
+  checkpointing +23%). What is left at 45% on llama16 is 17 ms of recompute and 2 ms of waits: the
+  parameters and optimizer state (4.7 GiB) and the loss's 2.9 GiB of logits in use leave 0.7 GiB at
+  the peak for everything else, so the optimizer state goes to the host across the iteration
+  boundary (its copies back take most of the backward's link) and nearly every saved activation is
+  dropped, matrix products included; the residual stream and attention's outputs (no recompute
+  can make them: a chain deeper than one remade input, several outputs) go by the link.
+  fp16-scaler at 45% is 89.2%: its copies out in the forward are link-bound. At 30% no plan is
+  found. These are plans: the executor does not
   yet run every plan as simulated (docs/train.md).
 - The tiers are expensive. Planned for the limit alone, llama16-bf16 at 90% of its peak costs
   0.5% and at 80% 30.0% (the bound: 0.0% and 29.9%); what the Engine runs, planned for 90% of

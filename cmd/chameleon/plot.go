@@ -49,8 +49,8 @@ func plotPlan(path string, r *planReport) error {
 	n := len(pol.Curve)
 
 	mem := plot.New()
-	mem.Title.Text = fmt.Sprintf("%s, iteration %d\nlimit %s (planned for %s): overhead %.1f%% (bound %.1f%%), %d swaps",
-		filepath.Base(r.Trace), r.Iter, fmtBytes(r.LimitBytes), fmtBytes(r.PlannedBytes), r.OverheadPct, r.OverheadPctBoundPlanned, len(pol.Swaps))
+	mem.Title.Text = fmt.Sprintf("%s, iteration %d\nlimit %s (planned for %s): overhead %.1f%% (bound %.1f%%), %d swaps, %d recomputes",
+		filepath.Base(r.Trace), r.Iter, fmtBytes(r.LimitBytes), fmtBytes(r.PlannedBytes), r.OverheadPct, r.OverheadPctBoundPlanned, len(pol.Swaps), len(pol.Recomputes))
 	mem.Title.Padding = vg.Points(6)
 	mem.Y.Label.Text = "device memory, GiB"
 	mem.X.Label.Text = "op"
@@ -96,32 +96,39 @@ func plotPlan(path string, r *planReport) error {
 	mem.X.Min, mem.X.Max = 0, float64(n-1)
 	mem.Y.Min, mem.Y.Max = 0, max(top, limit)*1.08
 
-	// One row per swap, in the order their memory frees; a wrapping swap
-	// (free over the end of one step and the start of the next) has two
-	// pieces on its row.
+	// One row per swap and per recompute, in the order their memory
+	// frees; a wrapping swap (free over the end of one step and the start
+	// of the next) has two pieces on its row. Swaps are green, recomputes
+	// (dropped after one op, made again before another) orange.
 	lanes := plot.New()
 	lanes.X.Label.Text = "op"
-	lanes.Y.Label.Text = "swap (by the op it frees at)"
+	lanes.Y.Label.Text = "swap or recompute (by the op it frees at)"
 	lanes.X.Min, lanes.X.Max = 0, float64(n-1)
-	order := make([]int, len(pol.Swaps))
-	for x := range order {
-		order[x] = x
+	type span struct {
+		free, in  int
+		recompute bool
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return pol.Sim.Freed[a] - pol.Sim.Freed[b] })
-	rows := max(len(order), 1)
+	spans := make([]span, 0, len(pol.Swaps)+len(pol.Recomputes))
+	for x, s := range pol.Swaps {
+		spans = append(spans, span{free: pol.Sim.Freed[x], in: s.In})
+	}
+	for _, rc := range pol.Recomputes {
+		spans = append(spans, span{free: rc.Drop + 1, in: rc.Before, recompute: true})
+	}
+	slices.SortStableFunc(spans, func(a, b span) int { return a.free - b.free })
+	rows := max(len(spans), 1)
 	lanes.Y.Min, lanes.Y.Max = -0.5, float64(rows)-0.5
 	lanes.Y.Tick.Marker = laneTicks{}
 	// Thick enough to see, thin enough that rows stay apart: about 70% of a
 	// row of the lower panel (half the height, less axes).
 	width := vg.Length(float64(plotHeight/2-vg.Inch) / float64(rows) * 0.7)
 	width = min(max(width, vg.Points(1)), vg.Points(8))
-	spanColor := plotColor(30, 160, 80)
-	var thumb *plotter.Line
-	for row, x := range order {
-		s := pol.Swaps[x]
-		free, in, y := float64(pol.Sim.Freed[x]), float64(s.In), float64(row)
+	spanColor, rcColor := plotColor(30, 160, 80), plotColor(230, 140, 20)
+	var thumb, rcThumb *plotter.Line
+	for row, sp := range spans {
+		free, in, y := float64(sp.free), float64(sp.in), float64(row)
 		pieces := []plotter.XYs{{{X: free, Y: y}, {X: in, Y: y}}}
-		if s.In < pol.Sim.Freed[x] {
+		if sp.in < sp.free {
 			pieces = []plotter.XYs{{{X: 0, Y: y}, {X: in, Y: y}}, {{X: free, Y: y}, {X: float64(n - 1), Y: y}}}
 		}
 		for _, xy := range pieces {
@@ -130,8 +137,12 @@ func plotPlan(path string, r *planReport) error {
 				return err
 			}
 			seg.Color, seg.Width = spanColor, width
+			if sp.recompute {
+				seg.Color, rcThumb = rcColor, seg
+			} else {
+				thumb = seg
+			}
 			lanes.Add(seg)
-			thumb = seg
 		}
 	}
 	lanes.Add(plotter.NewGrid())
@@ -145,6 +156,11 @@ func plotPlan(path string, r *planReport) error {
 		t := *thumb
 		t.Width = vg.Points(4)
 		leg.Add("swap: memory free\nuntil the copy back", &t)
+	}
+	if rcThumb != nil {
+		t := *rcThumb
+		t.Width = vg.Points(4)
+		leg.Add("recompute: dropped\nuntil made again", &t)
 	}
 
 	c, err := draw.NewFormattedCanvas(plotWidth, plotHeight, format)
