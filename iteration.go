@@ -62,7 +62,7 @@ func (e *Engine) Begin() *Iteration {
 		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
 	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
-		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}}
+		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}, MemExact: true}
 		it.ord, it.keyCount = map[trace.TensorID]uint32{}, map[uint64]uint32{}
 	}
 	if e.policy != nil {

@@ -831,7 +831,7 @@ func encodeProfile(pr *profiled) *fileProfile {
 
 // profiled is the profile as the planning path reads it.
 func (f *fileProfile) profiled() *profiled {
-	it := &trace.Iteration{TimeMS: f.TimeMS, Tensors: make(map[trace.TensorID]*trace.Tensor, len(f.Tensors)), Ops: make([]trace.Op, len(f.Ops))}
+	it := &trace.Iteration{TimeMS: f.TimeMS, MemExact: true, Tensors: make(map[trace.TensorID]*trace.Tensor, len(f.Tensors)), Ops: make([]trace.Op, len(f.Ops))}
 	for _, t := range f.Tensors {
 		it.Tensors[t.ID] = &trace.Tensor{ID: t.ID, Bytes: t.Bytes, DType: f.Strings[t.DType], Shape: t.Shape, Kind: trace.Kind(t.Kind), Ptr: t.Ptr}
 	}

@@ -41,13 +41,9 @@ func (e *Engine) update(p *policy) (*policy, error) {
 	}
 	link := e.cfg.link()
 	var st updateStats
-	tier := 0
 	diff := plan.PlannerFunc(func(mi mre.Input, popts ...mre.Option) (*mre.Policy, error) {
-		// Only the first tier: an update keeps the headroom a plan of the
-		// profile would have, or gives way to one.
-		if tier++; tier > 1 {
-			return nil, errNoUpdate
-		}
+		// Tier by tier, as a plan of the profile: the first the kept swaps
+		// and the overflow meet wins.
 		pol, s, err := differential(mi, p.swaps, p.recomputes, link, popts)
 		st = s
 		return pol, err

@@ -62,9 +62,24 @@ func (p *policy) capture(i int, op *Op) {
 		r.fn = op.Recompute
 		r.in = append(r.in[:0], op.In...)
 		for _, t := range r.in {
-			t.holds++
+			if !p.remadeFor(int32(k), t) {
+				t.holds++
+			}
 		}
 	}
+}
+
+// remadeFor reports whether recompute k makes its input t again rather than
+// holding it: the plan frees such an input when the host releases it (its
+// memory is not counted until it is made again, just before k), so it must
+// not be held, or the device keeps bytes the plan gave to others.
+func (p *policy) remadeFor(k int32, t *Tensor) bool {
+	for _, m := range p.rcRemade[k] {
+		if p.rmlive[m].x == t {
+			return true
+		}
+	}
+	return false
 }
 
 // drop releases, after op i, the device memory of the tensors the policy
@@ -203,9 +218,10 @@ func (p *policy) finish(e *Engine, k int32) error {
 		}
 	}
 	for _, t := range r.in {
-		if t.holds--; t.holds == 0 && t.released && t.remake == 0 {
-			keep(e.free(t))
+		if p.remadeFor(k, t) {
+			continue // not held: see capture
 		}
+		keep(e.unhold(t))
 	}
 	r.in = r.in[:0]
 	for _, m := range p.rcRemade[k] {
@@ -221,14 +237,25 @@ func (p *policy) finish(e *Engine, k int32) error {
 		}
 		if s.users == 0 {
 			for _, t := range s.in {
-				if t.holds--; t.holds == 0 && t.released && t.remake == 0 {
-					keep(e.free(t))
-				}
+				keep(e.unhold(t))
 			}
 			s.in = s.in[:0]
 		}
 	}
 	return err
+}
+
+// unhold ends one hold on t. A released tensor held by nothing more goes:
+// freed, or, when a recompute still makes it again, dropped (its memory
+// now, its handle once that recompute has run), as Release would have.
+func (e *Engine) unhold(t *Tensor) error {
+	if t.holds--; t.holds > 0 || !t.released {
+		return nil
+	}
+	if t.remake > 0 {
+		return e.drop(t)
+	}
+	return e.free(t)
 }
 
 // abandon ends recompute k without running it (its tensor was released).

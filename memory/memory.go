@@ -173,6 +173,9 @@ const releaseSlack = 64 << 10
 // storage fits within 3% of its size.
 func fits(n, budget int64) bool { return n <= budget+n/32 }
 
+// fitsExact is fits for an exact curve (trace.Iteration.MemExact).
+func fitsExact(n, budget int64) bool { return n <= budget }
+
 // inferReleases moves each storage's release to where the recorded curve
 // shows it. An op's last use is the earliest a storage can go; the recorded
 // drop after op i tells how many bytes really went. Storages due at i that
@@ -180,15 +183,27 @@ func fits(n, budget int64) bool { return n <= budget+n/32 }
 // are what a caller holds: logits, saved outputs) and released later, at the
 // first drop they fit. Nothing is ever released before its last use, so the
 // inferred lifetimes are always safe for planning.
+//
+// A curve the Engine recorded itself (MemExact) has no noise to absorb: a
+// storage goes exactly where the curve shows its bytes go, with no slack,
+// so a host that holds a tensor past its last use is modelled holding it.
 func (m *Model) inferReleases() {
 	ops := m.Iter.Ops
+	slack, fit := int64(releaseSlack), fits
+	// size is what a storage weighs in the curve: rounded as an allocator
+	// rounds, but as its bytes in an exact curve, which counts them so.
+	size := func(lt *Lifetime) int64 { return lt.Bytes }
+	if m.Iter.MemExact {
+		slack, fit = 0, fitsExact
+		size = func(lt *Lifetime) int64 { return lt.Tensor.Bytes }
+	}
 	n := len(ops)
 	due := make([][]int32, n+1)
 	allocAt := make([]int64, n)
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
 		if lt.Alloc >= 0 {
-			allocAt[lt.Alloc] += lt.Bytes
+			allocAt[lt.Alloc] += size(lt)
 		}
 		if lt.Free < n {
 			due[lt.Free] = append(due[lt.Free], int32(k))
@@ -202,7 +217,7 @@ func (m *Model) inferReleases() {
 	}
 	for i := 1; i < n; i++ {
 		freed := ops[i-1].Mem + allocAt[i] - ops[i].Mem
-		budget := freed + releaseSlack
+		budget := freed + slack
 		bySizeDesc(due[i])
 		// Release the smallest due storages first: they fit whatever drop
 		// there is; the big ones wait for a drop that shows them.
@@ -211,21 +226,21 @@ func (m *Model) inferReleases() {
 			if lt.Free != i {
 				continue // released early, inside its last op
 			}
-			if fits(lt.Bytes, budget) {
-				budget -= lt.Bytes
+			if fit(size(lt), budget) {
+				budget -= size(lt)
 				continue
 			}
 			pending = append(pending, due[i][j])
 		}
-		if budget <= 2*releaseSlack {
+		if budget <= 2*slack {
 			continue
 		}
 		bySizeDesc(pending)
 		kept := pending[:0]
 		for _, k := range pending {
 			lt := &m.Lifetimes[k]
-			if fits(lt.Bytes, budget) {
-				budget -= lt.Bytes
+			if fit(size(lt), budget) {
+				budget -= size(lt)
 				lt.Free = i
 				continue
 			}
@@ -235,14 +250,14 @@ func (m *Model) inferReleases() {
 		// A drop still unexplained is storages whose last use is this very
 		// op, released as it returns (an autograd node dropping what it
 		// saved): they stop counting after op i.
-		if budget <= 2*releaseSlack {
+		if budget <= 2*slack {
 			continue
 		}
 		bySizeDesc(due[i+1])
 		for _, k := range due[i+1] {
 			lt := &m.Lifetimes[k]
-			if fits(lt.Bytes, budget) {
-				budget -= lt.Bytes
+			if fit(size(lt), budget) {
+				budget -= size(lt)
 				lt.Free = i
 			}
 		}

@@ -12,6 +12,7 @@
 package plan
 
 import (
+	"slices"
 	"errors"
 	"fmt"
 
@@ -160,7 +161,12 @@ func Make(in Input, opts ...Option) (*Result, error) {
 			return r, err
 		}
 	}
-	for _, pct := range cfg.tiers {
+	tiers := cfg.tiers
+	if slices.Max(r.Curve) <= in.Limit {
+		// Nothing to move: headroom below the limit would only cost swaps.
+		tiers = []int{100}
+	}
+	for _, pct := range tiers {
 		limit := in.Limit/100*int64(pct) + in.Limit%100*int64(pct)/100 // in.Limit*pct/100 without overflow
 		r.Policy, err = cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
 			Recomputable: recomputable}, popts...)

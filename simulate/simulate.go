@@ -176,33 +176,50 @@ func (r Recompute) Validate(nops int) error {
 	return nil
 }
 
-// HeldSpan is the memory an input kept for recomputes holds beyond its
-// release: Bytes over the ops [From, To).
+// HeldSpan is the memory an input of recomputes holds beyond its release:
+// Bytes over the ops [From, To).
 type HeldSpan struct {
 	Tensor   trace.TensorID
 	Bytes    int64
 	From, To int
 }
 
-// Held merges the kept inputs of rcs: one span per input, from where it
-// would be freed to the last recompute that reads it, in order of tensor.
+// Held is the memory the inputs of rcs hold beyond their release. A kept
+// input counts from where it would be freed through the op of the last
+// recompute that reads it: a recompute runs just before its op, whose own
+// outputs the host has already made, so the op's memory holds the input
+// too. An input made again for a recompute (Remade) counts over that op
+// alone, once per op however many of its recomputes read it: it exists
+// only while they run. One span per kept input, then one per remade input
+// and op, in order of tensor and op.
 func Held(rcs []Recompute) []HeldSpan {
 	byID := map[trace.TensorID]*HeldSpan{}
-	var out []HeldSpan
+	type at struct {
+		id trace.TensorID
+		op int
+	}
+	remade := map[at]int64{}
 	for _, r := range rcs {
 		for _, k := range r.Kept {
 			h := byID[k.Tensor]
 			if h == nil {
-				h = &HeldSpan{Tensor: k.Tensor, Bytes: k.Bytes, From: k.From, To: r.Before}
+				h = &HeldSpan{Tensor: k.Tensor, Bytes: k.Bytes, From: k.From, To: r.Before + 1}
 				byID[k.Tensor] = h
 			}
-			h.From, h.To = min(h.From, k.From), max(h.To, r.Before)
+			h.From, h.To = min(h.From, k.From), max(h.To, r.Before+1)
+		}
+		for _, m := range r.Remade {
+			remade[at{m.Tensor, r.Before}] = m.Bytes
 		}
 	}
+	out := make([]HeldSpan, 0, len(byID)+len(remade))
 	for _, h := range byID {
 		out = append(out, *h)
 	}
-	slices.SortFunc(out, func(a, b HeldSpan) int { return cmp.Compare(a.Tensor, b.Tensor) })
+	for k, b := range remade {
+		out = append(out, HeldSpan{Tensor: k.id, Bytes: b, From: k.op, To: k.op + 1})
+	}
+	slices.SortFunc(out, func(a, b HeldSpan) int { return cmp.Or(cmp.Compare(a.Tensor, b.Tensor), cmp.Compare(a.From, b.From)) })
 	return out
 }
 

@@ -141,6 +141,11 @@ type Iteration struct {
 	// real step time. WallMS is the instrumented time. 0 when unknown.
 	TimeMS float64
 	WallMS float64
+	// MemExact says each op's Mem is exactly the bytes of the storages
+	// live after it, with no allocator rounding or bookkeeping (an Engine
+	// records its own profile so): the memory model then places releases
+	// with no slack.
+	MemExact bool
 }
 
 // HasMem reports whether the iteration carries a recorded memory curve.

@@ -366,7 +366,9 @@ func TestRecomputeTargets(t *testing.T) {
 		{"llama16-bf16.jsonl.gz", "35%", 25},
 		{"llama7b-8l-bf16.jsonl.gz", "61%", 10},
 		{"llama16-lora.jsonl.gz", "45%", 7.5},
-		{"llama16-fp16-scaler.jsonl.gz", "45%", 95},
+		// The inputs a recompute reads count through its op (the host made
+		// the op's outputs before it runs): 89% before they did, 110% now.
+		{"llama16-fp16-scaler.jsonl.gz", "45%", 112},
 	} {
 		path := filepath.Join(publicDir, c.trace)
 		if _, err := os.Stat(path); err != nil {
