@@ -12,9 +12,9 @@
 package plan
 
 import (
-	"slices"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
