@@ -39,6 +39,7 @@ type config struct {
 	library string
 	id      int
 	stream  device.Stream
+	noMap   bool
 }
 
 type optionFunc func(*config)
@@ -61,12 +62,23 @@ func WithDevice(id int) Option { return optionFunc(func(c *config) { c.id = id }
 // The default is the NULL (default) stream.
 func WithStream(s device.Stream) Option { return optionFunc(func(c *config) { c.stream = s }) }
 
+// WithoutMapping turns page mapping off: PageSize returns 0 and an
+// Allocator on the device reserves plain aclrtMalloc segments.
+func WithoutMapping() Option { return optionFunc(func(c *config) { c.noMap = true }) }
+
+// errNoMapping is Mapping's answer under WithoutMapping.
+var errNoMapping = errors.New("mapping turned off (WithoutMapping)")
+
 type api struct {
 	memoryFuncs
 	streamFuncs
 	eventFuncs
 	deviceFuncs
 	path string
+	// vmm is nil when the library lacks the virtual memory calls, and
+	// vmmErr says which.
+	vmm    *vmmFuncs
+	vmmErr error
 
 	mu    sync.Mutex
 	users int // open Devices; aclFinalize runs when the last one closes
@@ -104,6 +116,7 @@ func load(paths []string) (*api, error) {
 			return nil, fmt.Errorf("ascend: bind %s: %w", lib.Path, err)
 		}
 	}
+	a.vmm, a.vmmErr = loadVMM(lib)
 	apis[lib] = a
 	return a, nil
 }
@@ -147,6 +160,11 @@ type Device struct {
 
 	streams *native.Table[device.Stream, struct{}]
 	events  *native.Table[device.Event, *atomic.Bool] // recorded at least once
+
+	// vmm maps pages (device.Mapper); nil when it cannot, and mapErr says
+	// why.
+	vmm    *vmm
+	mapErr error
 }
 
 var _ device.Device = (*Device)(nil)
@@ -207,6 +225,15 @@ func open(a *api, cfg config) (*Device, error) {
 		Async: func(dst, src, n uintptr, kind int32, s uintptr) error {
 			return check("aclrtMemcpyAsync", a.aclrtMemcpyAsync(dst, n, src, n, kind, s))
 		}}
+	switch {
+	case cfg.noMap:
+		d.mapErr = errNoMapping
+	case a.vmm == nil:
+		d.mapErr = a.vmmErr
+	default:
+		// The context aclrtSetDevice made is current on this thread.
+		d.vmm, d.mapErr = newVMM(a.vmm, cfg.id)
+	}
 	if a.aclrtGetSocName != nil {
 		if soc := a.aclrtGetSocName(); soc != "" {
 			d.name = fmt.Sprintf("%s (npu:%d)", soc, cfg.id)

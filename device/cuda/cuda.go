@@ -7,6 +7,15 @@
 // on the loader path and the same names in /usr/local/cuda/lib64. The first
 // that loads wins; if none does, the error wraps device.ErrLibraryNotFound
 // and names every place tried with the loader's reason.
+//
+// Device implements device.Mapper through the driver API's virtual memory
+// management (libcuda, through device/cuda/driver, looked up as
+// WithDriverLibrary, CHAMELEON_LIBCUDA, libcuda.so.1, libcuda.so, then the
+// directory of CHAMELEON_CUDART and /usr/local/cuda/lib64): pages of the
+// driver's minimum granularity, each its own cuMemCreate allocation, mapped
+// in the primary context that libcudart uses. Without libcuda or its calls,
+// or with WithoutMapping, PageSize is 0 and allocators fall back to
+// cudaMalloc segments; Mapping says why.
 package cuda
 
 import (
@@ -18,6 +27,7 @@ import (
 	"sync/atomic"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/cuda/driver"
 	"github.com/chameleon-go/chameleon/device/internal/native"
 	"github.com/chameleon-go/chameleon/internal/dl"
 )
@@ -40,8 +50,10 @@ type Option interface{ apply(*config) }
 
 type config struct {
 	library string
+	driver  string
 	ordinal int
 	stream  device.Stream
+	noMap   bool
 }
 
 type optionFunc func(*config)
@@ -69,6 +81,24 @@ func WithDevice(ordinal int) Option {
 func WithStream(s device.Stream) Option {
 	return optionFunc(func(c *config) { c.stream = s })
 }
+
+// WithDriverLibrary tries path first when looking up libcuda for page
+// mapping, before CHAMELEON_LIBCUDA and the well-known names
+// (driver.Candidates). An empty path is ignored.
+func WithDriverLibrary(path string) Option {
+	return optionFunc(func(c *config) {
+		if path != "" {
+			c.driver = path
+		}
+	})
+}
+
+// WithoutMapping turns page mapping off: PageSize returns 0 and an
+// Allocator on the device reserves plain cudaMalloc segments.
+func WithoutMapping() Option { return optionFunc(func(c *config) { c.noMap = true }) }
+
+// errNoMapping is Mapping's answer under WithoutMapping.
+var errNoMapping = errors.New("mapping turned off (WithoutMapping)")
 
 // api is one loaded runtime: every bound function, grouped by API area.
 type api struct {
@@ -131,6 +161,11 @@ type Device struct {
 
 	streams *native.Table[device.Stream, struct{}]
 	events  *native.Table[device.Event, struct{}]
+
+	// vmm maps pages (device.Mapper); nil when it cannot, and mapErr says
+	// why.
+	vmm    *vmm
+	mapErr error
 }
 
 var _ device.Device = (*Device)(nil)
@@ -168,6 +203,14 @@ func New(opts ...Option) (*Device, error) {
 		Async: func(dst, src, n uintptr, kind int32, s uintptr) error {
 			return check("cudaMemcpyAsync", a.cudaMemcpyAsync(dst, src, n, kind, s))
 		}}
+	d.mapErr = errNoMapping
+	if !cfg.noMap {
+		var paths []string
+		if cfg.driver != "" {
+			paths = append(paths, cfg.driver)
+		}
+		d.vmm, d.mapErr = newVMM(append(paths, driver.Candidates(driver.EnvLibcuda, driver.LibcudaNames...)...), cfg.ordinal)
+	}
 	d.name = fmt.Sprintf("cuda:%d", cfg.ordinal)
 	if n := a.deviceName(cfg.ordinal); n != "" {
 		d.name = fmt.Sprintf("%s (cuda:%d)", n, cfg.ordinal)
@@ -216,7 +259,11 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if err := errors.Join(d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)); err != nil {
+	errs := []error{d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)}
+	if d.vmm != nil {
+		errs = append(errs, d.vmm.ctx.Release())
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cuda: close: %w", err)
 	}
 	return nil

@@ -51,7 +51,30 @@ type fakeCtl struct {
 	queryNotReady func(n int32)
 	last          func(i int32) int64
 	liveAllocs    func() int64
+
+	// The driver part (absent from the -DOMIT_DRIVER and -DOMIT_VMM variants).
+	setGranularity func(n int64)
+	failCreateIn   func(n int64)
+	failMapIn      func(n int64, code int32)
+	vmmCount       func(i int32) int64
+	liveHandles    func() int64
+	mappedBytes    func() int64
+	reservations   func() int64
+	netPushes      func() int64
+	used           func() int64
+	retained       func(dev int32) int32
 }
+
+// Indices of fake_vmm_count, as in fakecudart.c.
+const (
+	vmmCreates = iota
+	vmmMaps
+	vmmUnmaps
+	vmmReleases
+	vmmAccess
+	vmmReserves
+	vmmFrees
+)
 
 // Indices of fake_last, as in fakecudart.c.
 const (
@@ -88,16 +111,31 @@ func openFake(t testing.TB, path string) *fakeCtl {
 	); err != nil {
 		t.Fatal(err)
 	}
+	// Variants without the driver calls leave these nil.
+	_ = lib.Bind(
+		dl.Func{Ptr: &c.setGranularity, Name: "fake_set_granularity"},
+		dl.Func{Ptr: &c.failCreateIn, Name: "fake_fail_create_after"},
+		dl.Func{Ptr: &c.failMapIn, Name: "fake_fail_map_after"},
+		dl.Func{Ptr: &c.vmmCount, Name: "fake_vmm_count"},
+		dl.Func{Ptr: &c.liveHandles, Name: "fake_live_handles"},
+		dl.Func{Ptr: &c.mappedBytes, Name: "fake_mapped_bytes"},
+		dl.Func{Ptr: &c.reservations, Name: "fake_reservations"},
+		dl.Func{Ptr: &c.netPushes, Name: "fake_net_pushes"},
+		dl.Func{Ptr: &c.used, Name: "fake_used"},
+		dl.Func{Ptr: &c.retained, Name: "fake_retained"},
+	)
 	c.reset()
 	return c
 }
 
-// newFake returns a device on a freshly reset default fake.
+// newFake returns a device on a freshly reset default fake, which is
+// its libcuda too: the device maps pages (2 MiB unless the test changes
+// the fake's granularity first).
 func newFake(t testing.TB, opts ...Option) (*Device, *fakeCtl) {
 	t.Helper()
 	path := buildFake(t, "default")
 	ctl := openFake(t, path)
-	d, err := New(append([]Option{WithLibrary(path)}, opts...)...)
+	d, err := New(append([]Option{WithLibrary(path), WithDriverLibrary(path)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestMapperConformance runs the Mapper suite on 64 KiB pages.
+func TestMapperConformance(t *testing.T) {
+	devicetest.RunMapper(t, func(t *testing.T) device.Device {
+		d, err := host.New(64*64<<10, host.WithPageSize(64<<10))
+		require.NoError(t, err)
+		return d
+	})
+}
+
 func TestLinkModel(t *testing.T) {
 	var mu sync.Mutex
 	var slept []time.Duration

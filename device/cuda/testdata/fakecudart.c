@@ -4,12 +4,20 @@
 // copies are synchronous memcpy, so every event is complete as soon as it is
 // recorded unless a test injects "not ready" answers.
 //
+// It also stands in for the part of libcuda device/cuda binds (the
+// primary context and virtual memory management), over the same memory:
+// reserved address space is host address space, and a copy touching a page
+// of a reservation that is not mapped with access set fails with
+// cudaErrorIllegalAddress, as the GPU would fault.
+//
 // Variants: -DOMIT_EVENT_QUERY drops cudaEventQuery (missing-symbol test),
 // -DOMIT_ERROR_NAME drops cudaGetErrorName (built-in name table),
-// -DFAKE_NAME='"..."' sets the device name.
+// -DOMIT_VMM drops the virtual memory management calls, -DOMIT_DRIVER
+// every driver call, -DFAKE_NAME='"..."' sets the device name.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifndef FAKE_NAME
 #define FAKE_NAME "Fake CUDA GPU"
@@ -22,6 +30,7 @@ enum {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
     cudaErrorUnknown = 999,
 };
 
@@ -39,6 +48,8 @@ static long long alloc_calls, fail_alloc_at = -1;  /* fail the N-th cudaMalloc f
 static int fail_copy_code;                         /* next cudaMemcpyAsync returns this */
 static int query_not_ready;                        /* next N cudaEventQuery return 600 */
 static long long last[16];
+static void vmm_reset(void);
+static int vmm_check(const void *p, size_t n);
 
 /* Indices into last[] read by fake_last. */
 enum { L_KIND, L_COUNT, L_STREAM, L_HOST_FLAGS, L_STREAM_FLAGS, L_EVENT_FLAGS,
@@ -60,6 +71,7 @@ __attribute__((constructor)) void fake_reset(void) {
     fail_copy_code = 0;
     query_not_ready = 0;
     memset(last, 0, sizeof last);
+    vmm_reset();
 }
 void fake_set_total(long long n) { total = (size_t)n; }
 void fake_fail_alloc_after(long long n) { fail_alloc_at = alloc_calls + n; }
@@ -119,6 +131,7 @@ const char *cudaGetErrorName(int code) {
     case 222: return "cudaErrorUnsupportedPtxVersion";
     case 400: return "cudaErrorInvalidResourceHandle";
     case 600: return "cudaErrorNotReady";
+    case 700: return "cudaErrorIllegalAddress";
     case 999: return "cudaErrorUnknown";
     }
     return "unrecognized error code";
@@ -158,12 +171,14 @@ int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream
     last[L_ASYNC_COPIES]++;
     if (fail_copy_code) { int c = fail_copy_code; fail_copy_code = 0; return c; }
     if (kind < 1 || kind > 3 || !valid_stream(stream)) return cudaErrorInvalidValue;
+    if (vmm_check(dst, n) || vmm_check(src, n)) return cudaErrorIllegalAddress;
     memmove(dst, src, n);
     return cudaSuccess;
 }
 int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
     last[L_KIND] = kind; last[L_COUNT] = (long long)n; last[L_SYNC_COPIES]++;
     if (kind < 1 || kind > 3) return cudaErrorInvalidValue;
+    if (vmm_check(dst, n) || vmm_check(src, n)) return cudaErrorIllegalAddress;
     memmove(dst, src, n);
     return cudaSuccess;
 }
@@ -216,3 +231,305 @@ int cudaEventDestroy(void *e) {
     free(e);
     return cudaSuccess;
 }
+
+/* ---- libcuda: the primary context and virtual memory management ---- */
+
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2,
+       CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_INVALID_DEVICE = 101, CUDA_ERROR_INVALID_CONTEXT = 201,
+       CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_NOT_SUPPORTED = 801, CUDA_ERROR_UNKNOWN = 999 };
+
+#define MAX_RES 64
+#define MAX_HANDLES 65536
+#define MAX_DEVICES 2
+
+/* Page states of a reservation. */
+enum { UNMAPPED, MAPPED, ACCESSIBLE };
+
+struct reservation { char *base; size_t size; unsigned char *state; int *handle; };
+struct handle { int live; int released; size_t size; char *at; };
+
+static struct reservation res[MAX_RES];
+static struct handle handles[MAX_HANDLES + 1]; /* handle ids are indices, from 1 */
+static size_t granularity;
+static long long create_calls, fail_create_at = -1, map_calls, fail_map_at = -1;
+static int fail_map_code;
+static long long vmm_counts[8];
+enum { V_CREATES, V_MAPS, V_UNMAPS, V_RELEASES, V_ACCESS, V_RESERVES, V_FREES };
+
+static int initialized, retained[MAX_DEVICES];
+static int ctx_tokens[MAX_DEVICES];
+static __thread int ctx_depth;
+static __thread void *ctx_stack[8];
+static long long net_pushes;
+
+static void vmm_reset(void) {
+    for (int i = 0; i < MAX_RES; i++) {
+        if (res[i].base) {
+            munmap(res[i].base, res[i].size);
+            free(res[i].state);
+            free(res[i].handle);
+        }
+    }
+    memset(res, 0, sizeof res);
+    memset(handles, 0, sizeof handles);
+    granularity = (size_t)2 << 20;
+    const char *env = getenv("FAKE_CUDA_GRANULARITY");
+    if (env) granularity = (size_t)atoll(env);
+    create_calls = map_calls = 0;
+    fail_create_at = fail_map_at = -1;
+    fail_map_code = 0;
+    memset(vmm_counts, 0, sizeof vmm_counts);
+}
+
+void fake_set_granularity(long long n) { granularity = (size_t)n; }
+void fake_fail_create_after(long long n) { fail_create_at = create_calls + n; }
+void fake_fail_map_after(long long n, int code) { fail_map_at = map_calls + n; fail_map_code = code; }
+long long fake_vmm_count(int i) { return vmm_counts[i]; }
+long long fake_live_handles(void) {
+    long long n = 0;
+    for (int i = 1; i <= MAX_HANDLES; i++) n += handles[i].live;
+    return n;
+}
+long long fake_mapped_bytes(void) {
+    long long n = 0;
+    for (int i = 0; i < MAX_RES; i++)
+        for (size_t j = 0; res[i].base && j < res[i].size / granularity; j++)
+            n += res[i].state[j] != UNMAPPED ? (long long)granularity : 0;
+    return n;
+}
+long long fake_reservations(void) {
+    long long n = 0;
+    for (int i = 0; i < MAX_RES; i++) n += res[i].base != NULL;
+    return n;
+}
+long long fake_net_pushes(void) { return net_pushes; }
+long long fake_used(void) { return (long long)used; }
+
+/* find_res returns the reservation holding [p, p+n), or NULL. */
+static struct reservation *find_res(const void *p, size_t n) {
+    const char *c = p;
+    for (int i = 0; i < MAX_RES; i++)
+        if (res[i].base && c >= res[i].base && c + n <= res[i].base + res[i].size) return &res[i];
+    return NULL;
+}
+
+/* vmm_check fails a copy of n bytes at p that touches a reservation's page
+ * not mapped with access. Memory outside reservations is not checked. */
+static int vmm_check(const void *p, size_t n) {
+    const char *c = p;
+    for (int i = 0; i < MAX_RES; i++) {
+        struct reservation *r = &res[i];
+        if (!r->base || c + n <= r->base || c >= r->base + r->size) continue;
+        if (c < r->base || c + n > r->base + r->size) return -1;
+        if (n == 0) return 0;
+        for (size_t j = (size_t)(c - r->base) / granularity; j <= (size_t)(c + n - 1 - r->base) / granularity; j++)
+            if (r->state[j] != ACCESSIBLE) return -1;
+    }
+    return 0;
+}
+
+#ifndef OMIT_DRIVER
+int cuInit(unsigned flags) { if (flags) return CUDA_ERROR_INVALID_VALUE; initialized = 1; return CUDA_SUCCESS; }
+int cuDeviceGet(int *dev, int ordinal) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal < 0 || ordinal >= device_count) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    if (dev < 0 || dev >= MAX_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+    retained[dev]++;
+    *ctx = &ctx_tokens[dev];
+    return CUDA_SUCCESS;
+}
+int cuDevicePrimaryCtxRelease_v2(int dev) {
+    if (dev < 0 || dev >= MAX_DEVICES || retained[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    retained[dev]--;
+    return CUDA_SUCCESS;
+}
+int fake_retained(int dev) { return retained[dev]; }
+int cuCtxPushCurrent_v2(void *ctx) {
+    if ((ctx != &ctx_tokens[0] && ctx != &ctx_tokens[1]) || ctx_depth == 8) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_stack[ctx_depth++] = ctx;
+    net_pushes++;
+    return CUDA_SUCCESS;
+}
+int cuCtxPopCurrent_v2(void **ctx) {
+    if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_depth--;
+    net_pushes--;
+    if (ctx) *ctx = ctx_stack[ctx_depth];
+    return CUDA_SUCCESS;
+}
+/* current_device is the device of the thread's current context, -1 for none. */
+static int ctx_device(void) {
+    if (ctx_depth == 0) return -1;
+    return ctx_stack[ctx_depth - 1] == &ctx_tokens[0] ? 0 : 1;
+}
+int cuGetErrorName(int rc, const char **s) {
+    switch (rc) {
+    case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
+    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
+    case 101: *s = "CUDA_ERROR_INVALID_DEVICE"; return 0;
+    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
+    case 400: *s = "CUDA_ERROR_INVALID_HANDLE"; return 0;
+    case 999: *s = "CUDA_ERROR_UNKNOWN"; return 0;
+    }
+    *s = "CUDA_ERROR_FAKE";
+    return 0;
+}
+/* Modules are not modelled: device/cuda does not load any. */
+int cuModuleLoadData(void **mod, const void *image) { (void)mod; (void)image; return CUDA_ERROR_NOT_SUPPORTED; }
+int cuModuleUnload(void *mod) { (void)mod; return CUDA_ERROR_NOT_SUPPORTED; }
+int cuModuleGetFunction(void **fn, void *mod, const char *name) { (void)fn; (void)mod; (void)name; return CUDA_ERROR_NOT_SUPPORTED; }
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared, void *stream, void **params, void **extra) {
+    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared; (void)stream; (void)params; (void)extra;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+#ifndef OMIT_VMM
+/* CUmemAllocationProp and CUmemAccessDesc, as cuda.h lays them out. */
+struct prop { int type, handle_types, loc_type, loc_id; void *win32; unsigned char flags[8]; };
+struct access { int loc_type, loc_id, flags; };
+
+/* valid_prop: pinned memory on the device of the current context. */
+static int valid_prop(const struct prop *p) {
+    return p && p->type == 1 && p->handle_types == 0 && p->loc_type == 1 && p->loc_id == ctx_device();
+}
+
+int cuMemGetAllocationGranularity(size_t *g, const struct prop *p, int option) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!valid_prop(p) || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE;
+    *g = granularity;
+    return CUDA_SUCCESS;
+}
+int cuMemAddressReserve(uintptr_t *ptr, size_t size, size_t align, uintptr_t addr, unsigned long long flags) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (size == 0 || size % granularity || align || addr || flags) return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < MAX_RES; i++) {
+        if (res[i].base) continue;
+        /* Over-reserve to align the base on a page, as the driver does. */
+        char *m = mmap(NULL, size + granularity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+        char *base = (char *)(((uintptr_t)m + granularity - 1) & ~(uintptr_t)(granularity - 1));
+        if (base > m) munmap(m, (size_t)(base - m));
+        munmap(base + size, (size_t)(m + size + granularity - (base + size)));
+        res[i].base = base;
+        res[i].size = size;
+        res[i].state = calloc(size / granularity, 1);
+        res[i].handle = calloc(size / granularity, sizeof(int));
+        vmm_counts[V_RESERVES]++;
+        *ptr = (uintptr_t)base;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+int cuMemAddressFree(uintptr_t ptr, size_t size) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = 0; i < MAX_RES; i++) {
+        struct reservation *r = &res[i];
+        if (r->base != (char *)ptr) continue;
+        if (r->size != size) return CUDA_ERROR_INVALID_VALUE;
+        for (size_t j = 0; j < size / granularity; j++)
+            if (r->state[j] != UNMAPPED) return CUDA_ERROR_INVALID_VALUE; /* unmap first */
+        munmap(r->base, r->size);
+        free(r->state);
+        free(r->handle);
+        memset(r, 0, sizeof *r);
+        vmm_counts[V_FREES]++;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+int cuMemCreate(unsigned long long *h, size_t size, const struct prop *p, unsigned long long flags) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (size == 0 || size % granularity || flags || !valid_prop(p)) return CUDA_ERROR_INVALID_VALUE;
+    if (fail_create_at >= 0 && create_calls++ == fail_create_at) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (used + size > total) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 1; i <= MAX_HANDLES; i++) {
+        if (handles[i].live) continue;
+        handles[i] = (struct handle){.live = 1, .size = size};
+        used += size;
+        vmm_counts[V_CREATES]++;
+        *h = (unsigned long long)i;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+static struct handle *get_handle(unsigned long long h) {
+    if (h == 0 || h > MAX_HANDLES || !handles[h].live) return NULL;
+    return &handles[h];
+}
+/* drop frees a handle's memory once it is released and unmapped. */
+static void drop(struct handle *x) {
+    if (x->released && !x->at) {
+        used -= x->size;
+        x->live = 0;
+    }
+}
+int cuMemRelease(unsigned long long h) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct handle *x = get_handle(h);
+    if (!x || x->released) return CUDA_ERROR_INVALID_VALUE;
+    x->released = 1;
+    vmm_counts[V_RELEASES]++;
+    drop(x);
+    return CUDA_SUCCESS;
+}
+int cuMemMap(uintptr_t ptr, size_t size, size_t offset, unsigned long long h, unsigned long long flags) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct handle *x = get_handle(h);
+    struct reservation *r = find_res((void *)ptr, size);
+    if (!x || x->released || x->at || size != x->size || offset || flags || !r || (ptr - (uintptr_t)r->base) % granularity)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fail_map_at >= 0 && map_calls++ == fail_map_at) return fail_map_code;
+    size_t lo = (ptr - (uintptr_t)r->base) / granularity, n = size / granularity;
+    for (size_t j = lo; j < lo + n; j++)
+        if (r->state[j] != UNMAPPED) return CUDA_ERROR_INVALID_VALUE; /* mapped twice */
+    for (size_t j = lo; j < lo + n; j++) {
+        r->state[j] = MAPPED;
+        r->handle[j] = (int)h;
+    }
+    x->at = (char *)ptr;
+    vmm_counts[V_MAPS]++;
+    return CUDA_SUCCESS;
+}
+int cuMemSetAccess(uintptr_t ptr, size_t size, const struct access *d, size_t count) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct reservation *r = find_res((void *)ptr, size);
+    if (!r || count != 1 || !d || d->loc_type != 1 || d->loc_id != ctx_device() || d->flags != 3 ||
+        size == 0 || (ptr - (uintptr_t)r->base) % granularity || size % granularity)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t lo = (ptr - (uintptr_t)r->base) / granularity, n = size / granularity;
+    for (size_t j = lo; j < lo + n; j++)
+        if (r->state[j] == UNMAPPED) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t j = lo; j < lo + n; j++) r->state[j] = ACCESSIBLE;
+    vmm_counts[V_ACCESS]++;
+    return CUDA_SUCCESS;
+}
+/* cuMemUnmap unmaps whole mappings only: every page of the range mapped,
+ * and no mapping partly inside it. */
+int cuMemUnmap(uintptr_t ptr, size_t size) {
+    if (ctx_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct reservation *r = find_res((void *)ptr, size);
+    if (!r || size == 0 || (ptr - (uintptr_t)r->base) % granularity || size % granularity) return CUDA_ERROR_INVALID_VALUE;
+    size_t lo = (ptr - (uintptr_t)r->base) / granularity, n = size / granularity;
+    for (size_t j = lo; j < lo + n; j++) {
+        if (r->state[j] == UNMAPPED) return CUDA_ERROR_INVALID_VALUE;
+        struct handle *x = &handles[r->handle[j]];
+        if ((uintptr_t)x->at < ptr || (uintptr_t)x->at + x->size > ptr + size) return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (size_t j = lo; j < lo + n; j++) {
+        struct handle *x = &handles[r->handle[j]];
+        x->at = NULL;
+        drop(x);
+        r->state[j] = UNMAPPED;
+        r->handle[j] = 0;
+    }
+    madvise((void *)ptr, size, MADV_DONTNEED); /* the memory is gone */
+    vmm_counts[V_UNMAPS]++;
+    return CUDA_SUCCESS;
+}
+#endif /* OMIT_VMM */
+#endif /* OMIT_DRIVER */

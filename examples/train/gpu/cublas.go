@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 
+	"github.com/chameleon-go/chameleon/device/cuda/driver"
 	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
@@ -38,12 +39,12 @@ type cublas struct {
 }
 
 func loadCublas() (*cublas, error) {
-	lib, err := open(candidates(EnvCublas, "libcublas.so.13", "libcublas.so", "libcublas.so.12"))
+	lib, err := driver.Open(driver.Candidates(EnvCublas, "libcublas.so.13", "libcublas.so", "libcublas.so.12"))
 	if err != nil {
 		return nil, fmt.Errorf("cublas: %w", err)
 	}
 	b := &cublas{lib: lib}
-	if err := bind(lib,
+	if err := driver.Bind(lib,
 		dl.Func{Ptr: &b.create, Name: "cublasCreate_v2"},
 		dl.Func{Ptr: &b.destroy, Name: "cublasDestroy_v2"},
 		dl.Func{Ptr: &b.setStream, Name: "cublasSetStream_v2"},
@@ -52,10 +53,10 @@ func loadCublas() (*cublas, error) {
 	); err != nil {
 		return nil, fmt.Errorf("cublas: %w", err)
 	}
-	if bind(lib, dl.Func{Ptr: &b.statusName, Name: "cublasGetStatusName"}) != nil {
+	if driver.Bind(lib, dl.Func{Ptr: &b.statusName, Name: "cublasGetStatusName"}) != nil {
 		b.statusName = nil
 	}
-	if b.sgemm, err = sym(lib, "cublasSgemm_v2"); err != nil {
+	if b.sgemm, err = driver.Sym(lib, "cublasSgemm_v2"); err != nil {
 		return nil, fmt.Errorf("cublas: %w", err)
 	}
 	return b, nil

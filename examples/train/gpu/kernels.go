@@ -11,8 +11,8 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/cuda/driver"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
-	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // source holds the elementwise kernels. Each output element is computed by
@@ -149,12 +149,11 @@ func WithTF32(on bool) Option { return func(c *config) { c.tf32 = on } }
 
 // Kernels implements compute.Kernels on one CUDA stream.
 type Kernels struct {
-	nv     *nvrtc
-	drv    *driver
-	ctx    *context
+	nv     *driver.NVRTC
+	ctx    *driver.Context
 	bl     *cublas
-	mod    uintptr
-	fns    [numKernels]uintptr
+	mod    *driver.Module
+	fns    [numKernels]driver.Function
 	handle uintptr
 	stream device.Stream
 
@@ -198,28 +197,28 @@ func New(stream device.Stream, opts ...Option) (*Kernels, error) {
 		}
 	}()
 	var err error
-	if k.nv, err = loadNVRTC(); err != nil {
+	if k.nv, err = driver.LoadNVRTC(); err != nil {
 		return nil, err
 	}
-	if k.drv, err = loadDriver(); err != nil {
+	drv, err := driver.Load()
+	if err != nil {
 		return nil, err
 	}
 	if k.bl, err = loadCublas(); err != nil {
 		return nil, err
 	}
-	if k.ctx, err = newContext(k.drv, cfg.ordinal); err != nil {
+	if k.ctx, err = drv.Primary(cfg.ordinal); err != nil {
 		return nil, err
 	}
 	ptx, err := k.nv.Compile(source, "train_kernels.cu", "--gpu-architecture="+cfg.arch)
 	if err != nil {
 		return nil, err
 	}
-	if err := k.ctx.do("cuModuleLoadData", func() int32 { return k.drv.moduleLoad(&k.mod, &ptx[0]) }); err != nil {
+	if k.mod, err = k.ctx.LoadModule(ptx); err != nil {
 		return nil, err
 	}
 	for i, name := range kernelNames {
-		cname := dl.CString(name)
-		if err := k.ctx.do("cuModuleGetFunction "+name, func() int32 { return k.drv.getFunction(&k.fns[i], k.mod, &cname[0]) }); err != nil {
+		if k.fns[i], err = k.mod.Function(name); err != nil {
 			return nil, err
 		}
 	}
@@ -256,11 +255,11 @@ func (k *Kernels) Close() error {
 	if k.handle != 0 {
 		errs = append(errs, k.bl.check("cublasDestroy_v2", k.bl.destroy(k.handle)))
 	}
-	if k.mod != 0 {
-		errs = append(errs, k.ctx.do("cuModuleUnload", func() int32 { return k.drv.moduleUnload(k.mod) }))
+	if k.mod != nil {
+		errs = append(errs, k.mod.Unload())
 	}
 	if k.ctx != nil {
-		errs = append(errs, k.ctx.release())
+		errs = append(errs, k.ctx.Release())
 	}
 	k.pin.Unpin()
 	return errors.Join(errs...)
@@ -284,14 +283,11 @@ func (k *Kernels) launch(i int, gx, bx, by uint32, args ...uint64) error {
 		return fmt.Errorf("gpu: %s: %w", kernelNames[i], device.ErrClosed)
 	}
 	copy(k.sc.vals[:], args)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if rc, _, _ := purego.SyscallN(k.drv.setCurrentAddr, k.ctx.ctx); rc != 0 {
-		return k.drv.check("cuCtxSetCurrent", int32(rc))
+	if err := k.ctx.Launch(k.fns[i], driver.Dim{X: gx, Y: 1, Z: 1}, driver.Dim{X: bx, Y: by, Z: 1}, 0,
+		k.stream, unsafe.Pointer(&k.sc.ptrs[0])); err != nil {
+		return fmt.Errorf("gpu: %s: %w", kernelNames[i], err)
 	}
-	rc, _, _ := purego.SyscallN(k.drv.launch, k.fns[i], uintptr(gx), 1, 1, uintptr(bx), uintptr(by), 1, 0,
-		uintptr(k.stream), uintptr(unsafe.Pointer(&k.sc.ptrs[0])), 0)
-	return k.drv.check("cuLaunchKernel "+kernelNames[i], int32(rc))
+	return nil
 }
 
 func checkSize(what string, ns ...int) error {

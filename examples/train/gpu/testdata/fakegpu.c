@@ -47,7 +47,11 @@ int cuInit(unsigned flags) { (void)flags; return 0; }
 int cuDeviceGet(int *dev, int ordinal) { if (ordinal != 0) return 101; *dev = 0; return 0; }
 int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = &ctx_token; return 0; }
 int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
+static __thread void *current;
 int cuCtxSetCurrent(void *ctx) { return ctx == &ctx_token ? 0 : 201; } // CUDA_ERROR_INVALID_CONTEXT
+// One level of context stack is all the package uses: push, call, pop.
+int cuCtxPushCurrent_v2(void *ctx) { if (ctx != &ctx_token || current) return 201; current = ctx; return 0; }
+int cuCtxPopCurrent_v2(void **ctx) { if (!current) return 201; if (ctx) *ctx = current; current = 0; return 0; }
 int cuModuleLoadData(void **mod, const void *image) {
 	if (strcmp((const char *)image, fake_ptx) != 0) return 218; // CUDA_ERROR_INVALID_PTX
 	*mod = malloc(1);
@@ -80,6 +84,7 @@ static u64 mixhash(u64 seed, u64 i) {
 int cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned shared, void *stream, void **params, void **extra) {
 	(void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared; (void)stream;
+	if (!current) return 201; // CUDA_ERROR_INVALID_CONTEXT
 	if (gx == 0 || extra != 0) return 1;
 	launches++;
 	switch (fn) {

@@ -1,4 +1,4 @@
-package gpu
+package driver
 
 import (
 	"fmt"
@@ -7,9 +7,9 @@ import (
 	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
-// nvrtc is the part of libnvrtc the example uses.
-type nvrtc struct {
-	lib *dl.Library
+// NVRTC is one loaded libnvrtc.
+type NVRTC struct {
+	Path string
 	// nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
 	//                                int numHeaders, const char * const *headers, const char * const *includeNames);
 	create func(prog *uintptr, src, name *byte, numHeaders int32, headers, includeNames **byte) int32
@@ -29,13 +29,18 @@ type nvrtc struct {
 	errorString func(code int32) string
 }
 
-func loadNVRTC() (*nvrtc, error) {
-	lib, err := open(candidates(EnvNVRTC, "libnvrtc.so.13", "libnvrtc.so", "libnvrtc.so.12"))
+// LoadNVRTC opens the first of paths that loads (Candidates(EnvNVRTC,
+// NVRTCNames...) when paths is empty) and binds it.
+func LoadNVRTC(paths ...string) (*NVRTC, error) {
+	if len(paths) == 0 {
+		paths = Candidates(EnvNVRTC, NVRTCNames...)
+	}
+	lib, err := Open(paths)
 	if err != nil {
 		return nil, fmt.Errorf("nvrtc: %w", err)
 	}
-	n := &nvrtc{lib: lib}
-	if err := bind(lib,
+	n := &NVRTC{Path: lib.Path}
+	if err := Bind(lib,
 		dl.Func{Ptr: &n.create, Name: "nvrtcCreateProgram"},
 		dl.Func{Ptr: &n.compile, Name: "nvrtcCompileProgram"},
 		dl.Func{Ptr: &n.ptxSize, Name: "nvrtcGetPTXSize"},
@@ -50,7 +55,7 @@ func loadNVRTC() (*nvrtc, error) {
 	return n, nil
 }
 
-func (n *nvrtc) check(what string, rc int32) error {
+func (n *NVRTC) check(what string, rc int32) error {
 	if rc == 0 {
 		return nil
 	}
@@ -58,8 +63,8 @@ func (n *nvrtc) check(what string, rc int32) error {
 }
 
 // Compile compiles CUDA C source to PTX (NUL-terminated, ready for
-// cuModuleLoadData). The compile log is in the error when it fails.
-func (n *nvrtc) Compile(src, name string, options ...string) ([]byte, error) {
+// LoadModule). The compile log is in the error when it fails.
+func (n *NVRTC) Compile(src, name string, options ...string) ([]byte, error) {
 	csrc, cname := dl.CString(src), dl.CString(name)
 	var prog uintptr
 	if err := n.check("create program", n.create(&prog, &csrc[0], &cname[0], 0, nil, nil)); err != nil {
