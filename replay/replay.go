@@ -76,6 +76,8 @@ type Report struct {
 	// sampling of checked storages (0: none checked).
 	Timing      bool `json:"timing,omitempty"`
 	VerifyEvery int  `json:"verify_every,omitempty"`
+	// Stable sums up a timed replay's STABLE iterations (nil when none).
+	Stable *StableReport `json:"stable,omitempty"`
 	// Not in the command's required report, but useful.
 	OnDemandSwapIns int64              `json:"on_demand_swap_ins"`
 	Recomputes      int64              `json:"recomputes"`
@@ -362,6 +364,9 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep.CacheHits = st.CacheHits
 	rep.OnDemandSwapIns = st.OnDemandIn
 	rep.Evictions = st.Evictions
+	if cfg.Timing != nil {
+		rep.Stable = stableOf(rep.PerIteration)
+	}
 	return rep, nil
 }
 

@@ -249,3 +249,45 @@ func sum(v []float64) float64 {
 	}
 	return s
 }
+
+// StableReport is what a timed replay's STABLE iterations took: the
+// median of each figure over them, and the forced evictions and on-demand
+// copies back they made in all.
+type StableReport struct {
+	Iterations      int     `json:"iterations"`
+	UnlimitedMS     float64 `json:"unlimited_ms"`
+	MeasuredMS      float64 `json:"measured_ms"`
+	SimulatedMS     float64 `json:"simulated_ms"`
+	Evictions       int64   `json:"evictions"`
+	OnDemandSwapIns int64   `json:"on_demand_swap_ins"`
+}
+
+// stableOf sums up the STABLE iterations of per, nil when there are none.
+func stableOf(per []IterationReport) *StableReport {
+	var unl, meas, sim []float64
+	s := &StableReport{}
+	for _, x := range per {
+		if x.Stage != "STABLE" {
+			continue
+		}
+		s.Iterations++
+		unl, meas, sim = append(unl, x.UnlimitedMS), append(meas, x.MeasuredMS), append(sim, x.SimulatedMS)
+		s.Evictions += x.Evictions
+		s.OnDemandSwapIns += x.OnDemandSwapIns
+	}
+	if s.Iterations == 0 {
+		return nil
+	}
+	s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS = median(unl), median(meas), median(sim)
+	return s
+}
+
+// median of v (not empty); v is sorted in place.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}

@@ -87,6 +87,10 @@ func TestTimedReplayHost(t *testing.T) {
 		}
 	}
 	assert.Positive(t, stable, "stages %v", rep.Stages)
+	require.NotNil(t, rep.Stable)
+	assert.Equal(t, stable, rep.Stable.Iterations)
+	assert.Positive(t, rep.Stable.MeasuredMS)
+	assert.Positive(t, rep.Stable.SimulatedMS)
 	plannedWith(t, rep, tr, times)
 }
 
