@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/replay"
 )
 
@@ -129,4 +130,39 @@ func TestReplayTimingFlags(t *testing.T) {
 		assert.Equal(t, c.code, code, errb.String())
 		assert.Contains(t, errb.String(), c.want)
 	}
+}
+
+// TestRealReplayTiming needs a GPU: it runs only when CHAMELEON_CUDART
+// points at libcudart (from cmd/chameleon, with the binary of
+// CGO_ENABLED=0 go test -c -o ../../bin/chameleon.test ./cmd/chameleon):
+//
+//	CHAMELEON_CUDART=/usr/local/cuda/lib64/libcudart.so.13 ../../bin/chameleon.test -test.run RealReplayTiming -test.v
+//
+// The bundled trace at full size, each op the spin kernel on the Engine's
+// compute stream: every iteration measured, the STABLE ones simulated,
+// the sampled bytes intact. It logs the figures and asserts no time.
+func TestRealReplayTiming(t *testing.T) {
+	lib := os.Getenv(cuda.EnvLibrary)
+	if lib == "" {
+		t.Skipf("set %s to libcudart to run on a GPU", cuda.EnvLibrary)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"replay", "--device", "cuda", "--trace", bundled, "--timing", "--verify", "--rounds", "3", "--json"}
+	require.Equal(t, 0, runMain(args, &out, &errb), errb.String())
+	t.Log(errb.String())
+	var rep struct{ replay.Report }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	assert.EqualValues(t, 1, rep.Scale, "full size by default under --timing")
+	assert.Positive(t, rep.VerifiedUses)
+	assert.Zero(t, rep.FailedUses, rep.Failures)
+	require.NotNil(t, rep.Stable)
+	for _, x := range rep.PerIteration {
+		assert.Positive(t, x.MeasuredMS)
+		assert.Positive(t, x.UnlimitedMS)
+		if x.Stage == "STABLE" {
+			assert.Positive(t, x.SimulatedMS)
+		}
+	}
+	t.Logf("STABLE: unlimited %.2f ms, measured %.2f ms, simulated %.2f ms, forced evictions %d",
+		rep.Stable.UnlimitedMS, rep.Stable.MeasuredMS, rep.Stable.SimulatedMS, rep.Stable.Evictions)
 }
