@@ -218,3 +218,31 @@ func sumOf(v []float64) float64 {
 	}
 	return s
 }
+
+// TestTimedReplayPublicKernels: llama16 at its recorded kernel times
+// (about 112 ms a step, so a few seconds): every STABLE iteration has its
+// measured and simulated step, and the Engine planned with the kernels'
+// times.
+func TestTimedReplayPublicKernels(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under the race detector, the bundled trace only")
+	}
+	tr := shared(t, "llama16-bf16.jsonl.gz")
+	path := testtraces.Path(t, "llama16-bf16.kernels.json.gz")
+	kt, err := trace.ReadKernelsFile(path)
+	require.NoError(t, err)
+	times, _, err := replay.OpTimes(tr, kt, path)
+	require.NoError(t, err)
+	rep, _ := timed(t, tr, 4096, 2, replay.Timing{}, replay.Config{Kernels: kt, KernelsFrom: path})
+	require.NotNil(t, rep.Stable)
+	t.Logf("llama16-bf16 at 80%%, scale 1/4096: %d STABLE iterations, unlimited %.2f ms, measured %.2f ms, simulated %.2f ms, %d forced evictions",
+		rep.Stable.Iterations, rep.Stable.UnlimitedMS, rep.Stable.MeasuredMS, rep.Stable.SimulatedMS, rep.Stable.Evictions)
+	for i, x := range rep.PerIteration {
+		assert.Equal(t, replay.TimesKernels, x.OpTimes)
+		assert.Positive(t, x.MeasuredMS, "iteration %d", i)
+		if x.Stage == "STABLE" {
+			assert.Positive(t, x.SimulatedMS, "iteration %d", i)
+		}
+	}
+	plannedWith(t, rep, tr, times)
+}
