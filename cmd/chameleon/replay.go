@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("replay", "run a trace's iterations through the Engine on the host backend, verifying every byte", runReplay)
+	register("replay", "run a trace's iterations through the Engine on the host backend, verifying every byte, or timing each step (--timing)", runReplay)
 }
 
 func runReplay(args []string, stdout, stderr io.Writer) error {
@@ -185,8 +185,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		tw.Flush()
 		if s := rep.Stable; s != nil {
-			fmt.Fprintf(stdout, "STABLE (%d iterations, medians): unlimited %.2f ms, measured %.2f ms, simulated %.2f ms (measured %+.1f%% of simulated); forced evictions %d, on-demand swap-ins %d\n",
-				s.Iterations, s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS, 100*(s.MeasuredMS/s.SimulatedMS-1), s.Evictions, s.OnDemandSwapIns)
+			fmt.Fprintf(stdout, "STABLE (%d iterations, medians): unlimited %.2f ms, measured %.2f ms, simulated %.2f ms", s.Iterations, s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS)
+			if s.SimulatedMS > 0 {
+				fmt.Fprintf(stdout, " (measured %+.1f%% of simulated)", 100*(s.MeasuredMS/s.SimulatedMS-1))
+			}
+			fmt.Fprintf(stdout, "; forced evictions %d, on-demand swap-ins %d\n", s.Evictions, s.OnDemandSwapIns)
 		}
 	}
 	if rep.FailedUses > 0 {
