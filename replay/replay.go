@@ -4,6 +4,10 @@
 // pattern when an op produces it and verified at every use. It is the end-
 // to-end check that a swapped tensor always comes back byte-identical and
 // that the Engine keeps device memory under its limit.
+//
+// A timed replay (Config.Timing) runs each op instead as a kernel of its
+// time on the Engine's compute stream, with the Engine's real allocations
+// and copies, and measures each iteration's step beside the simulator's.
 package replay
 
 import (
@@ -12,6 +16,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
@@ -44,6 +49,16 @@ type Config struct {
 	// PolicyFile, when set, is the Engine's policy file: loaded at start if
 	// it exists (chameleon.WithPolicyFile) and saved at the end.
 	PolicyFile string
+	// Timing, when set, makes the replay a timed one (see Timing): each op
+	// a kernel of its time, bytes checked only where Timing.VerifyEvery
+	// says, and each iteration's step measured.
+	Timing *Timing
+	// Kernels gives each op's kernel time for the iterations whose op
+	// sequence it times (OpTimes); the others run the planning path's
+	// estimates. KernelsFrom names its file in errors. With Kernels or
+	// Timing, the Engine plans with those op times (Estimator).
+	Kernels     *trace.Kernels
+	KernelsFrom string
 }
 
 // Report is what a replay saw. The JSON names are those of the replay
@@ -65,6 +80,12 @@ type Report struct {
 	// PolicyFileError is why the policy file was not used, if it was not.
 	PolicyFileError string   `json:"policy_file_error,omitempty"`
 	Stages          []string `json:"stages"`
+	// Timing reports a timed replay (Config.Timing); VerifyEvery its
+	// sampling of checked storages (0: none checked).
+	Timing      bool `json:"timing,omitempty"`
+	VerifyEvery int  `json:"verify_every,omitempty"`
+	// Stable sums up a timed replay's STABLE iterations (nil when none).
+	Stable *StableReport `json:"stable,omitempty"`
 	// Not in the command's required report, but useful.
 	OnDemandSwapIns int64              `json:"on_demand_swap_ins"`
 	Recomputes      int64              `json:"recomputes"`
@@ -88,9 +109,17 @@ type IterationReport struct {
 	Evictions          int64  `json:"evictions"`
 	DeferredPrefetches int64  `json:"deferred_prefetches"`
 	SwappedBytes       int64  `json:"swapped_bytes"`
-	// SimulatedMS is the simulator's step for the policy in force; there is
-	// no measured step on the host backend (its kernels are memcpys).
+	// SimulatedMS is the simulator's step for the policy in force.
 	SimulatedMS float64 `json:"simulated_ms,omitempty"`
+	// A timed replay's figures: where the op times come from (TimesKernels
+	// or TimesEstimated) and their sum (KernelMS), the same kernels run
+	// alone on the stream with no Engine (UnlimitedMS, measured once per
+	// trace iteration before the first round), and the step measured from
+	// Begin to the compute stream's sync after the last op (MeasuredMS).
+	OpTimes     string  `json:"op_times,omitempty"`
+	KernelMS    float64 `json:"kernel_ms,omitempty"`
+	UnlimitedMS float64 `json:"unlimited_ms,omitempty"`
+	MeasuredMS  float64 `json:"measured_ms,omitempty"`
 }
 
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
@@ -256,9 +285,23 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	if err := checkSizes(tr, cfg.Scale, cfg.Limit); err != nil {
 		return nil, err
 	}
+	if cfg.Timing != nil && cfg.Timing.Launch == nil {
+		return nil, errors.New("replay: Timing without a Launch")
+	}
 	opts := append([]chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit)}, cfg.Options...)
 	if cfg.PolicyFile != "" {
 		opts = append(opts, chameleon.WithPolicyFile(cfg.PolicyFile))
+	}
+	var times [][]float64
+	var bases []string
+	var est *Estimator
+	if cfg.Timing != nil || cfg.Kernels != nil {
+		if times, bases, err = OpTimes(tr, cfg.Kernels, cfg.KernelsFrom); err != nil {
+			return nil, err
+		}
+		// Last, so that it replaces an estimator among cfg.Options.
+		est = &Estimator{Trace: tr, Times: times}
+		opts = append(opts, chameleon.WithEstimator(est))
 	}
 	eng, err := chameleon.New(dev, opts...)
 	if err != nil {
@@ -267,6 +310,9 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep := &Report{Trace: tr.Name, Scale: cfg.Scale, LimitBytes: cfg.Limit, Engine: eng}
 	if err := eng.PolicyFileError(); err != nil {
 		rep.PolicyFileError = err.Error()
+	}
+	if cfg.Timing != nil {
+		rep.Timing, rep.VerifyEvery = true, max(cfg.Timing.VerifyEvery, 0)
 	}
 	// Release points per iteration, from the memory model (which reads
 	// them off the recorded curve).
@@ -280,7 +326,8 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 			}
 		}
 	}
-	r := &runner{eng: eng, dev: dev, tr: tr, scale: cfg.Scale, tensors: map[trace.TensorID]*live{}, rep: rep, recompute: cfg.Recompute}
+	r := &runner{eng: eng, dev: dev, tr: tr, scale: cfg.Scale, tensors: map[trace.TensorID]*live{}, rep: rep, recompute: cfg.Recompute,
+		timing: cfg.Timing, times: times, bases: bases, est: est}
 	// Parameters and optimizer state first, as a training job allocates
 	// them at start: scattered among activations they would fragment the
 	// device memory for the whole run.
@@ -293,17 +340,32 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 			}
 		}
 	}
+	if cfg.Timing != nil {
+		if r.unlimited, err = unlimited(dev, eng.ComputeStream(), cfg.Timing, times); err != nil {
+			return rep, fmt.Errorf("replay: the kernels alone: %w", err)
+		}
+		if cfg.Progress != nil {
+			for k, it := range tr.Iterations {
+				fmt.Fprintf(cfg.Progress, "iter %d alone: %d kernels of %s times, %.2f ms of kernels, unlimited step %.2f ms\n",
+					it.Index, len(times[k]), bases[k], sum(times[k])/1000, r.unlimited[k])
+			}
+		}
+	}
 	var gen uint64
 	for round := range cfg.Rounds {
 		r.round = round
 		for k, it := range tr.Iterations {
-			if err := r.iteration(it, frees[k], &gen); err != nil {
+			if err := r.iteration(k, it, frees[k], &gen); err != nil {
 				return rep, fmt.Errorf("replay: round %d iteration %d: %w", round, it.Index, err)
 			}
 			res := rep.Results[len(rep.Results)-1]
 			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "round %d iter %d: %s ops=%d swaps out=%d in=%d on-demand=%d matched=%d planned=%v cache=%v\n",
-					round, it.Index, res.Stage, res.Ops, res.SwapsOut, res.SwapsIn, res.OnDemand, res.Matched, res.Planned, res.CacheHit)
+				fmt.Fprintf(cfg.Progress, "round %d iter %d: %s ops=%d swaps out=%d in=%d on-demand=%d evictions=%d matched=%d planned=%v cache=%v",
+					round, it.Index, res.Stage, res.Ops, res.SwapsOut, res.SwapsIn, res.OnDemand, res.Evictions, res.Matched, res.Planned, res.CacheHit)
+				if x := rep.PerIteration[len(rep.PerIteration)-1]; cfg.Timing != nil {
+					fmt.Fprintf(cfg.Progress, " measured=%.2fms simulated=%.2fms unlimited=%.2fms", x.MeasuredMS, x.SimulatedMS, x.UnlimitedMS)
+				}
+				fmt.Fprintln(cfg.Progress)
 			}
 		}
 	}
@@ -321,6 +383,9 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 		if err := eng.SavePolicyFile(cfg.PolicyFile); err != nil {
 			return rep, fmt.Errorf("replay: %w", err)
 		}
+	}
+	if cfg.Timing != nil {
+		rep.Stable = stableOf(rep.PerIteration)
 	}
 	return rep, nil
 }
@@ -346,10 +411,45 @@ type runner struct {
 	// recompute: ops that may run again get a Recompute (Config.Recompute).
 	recompute bool
 	round     int // the round being replayed
+	// A timed replay (Config.Timing): the op times of each trace iteration
+	// (µs), where they come from, the Engine's estimator of them and each
+	// iteration's kernels alone (ms).
+	timing    *Timing
+	times     [][]float64
+	bases     []string
+	est       *Estimator
+	unlimited []float64
 }
 
-func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *uint64) error {
+// checked reports whether the bytes of storage id are written and
+// verified: all of them, or in a timed replay those Timing.VerifyEvery
+// samples.
+func (r *runner) checked(id trace.TensorID) bool {
+	if r.timing == nil {
+		return true
+	}
+	n := trace.TensorID(r.timing.VerifyEvery)
+	return n > 0 && id%n == 0
+}
+
+// kernel queues op i's kernel of iteration k on the compute stream, in a
+// timed replay.
+func (r *runner) kernel(k, i int) error {
+	if r.timing == nil {
+		return nil
+	}
+	if err := r.timing.Launch(r.eng.ComputeStream(), usDuration(r.times[k][i])); err != nil {
+		return fmt.Errorf("op %d: kernel: %w", i, err)
+	}
+	return nil
+}
+
+func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID, gen *uint64) error {
 	e := r.eng
+	var start time.Time
+	if r.timing != nil {
+		start = time.Now()
+	}
 	x := e.Begin()
 	seen := make(map[trace.TensorID]bool, len(it.Tensors))
 	var ok []bool
@@ -389,14 +489,19 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 			op.Out = append(op.Out, l.t)
 		}
 		if r.recompute && ok[i] && len(o.Out) == 1 {
-			op.Recompute = r.recomputeOf(o, i, *gen+1)
+			op.Recompute = r.recomputeOf(o, k, i, *gen+1)
 		}
 		if err := x.Before(&op); err != nil {
 			return err
 		}
 		// The op "runs": its inputs must hold what was written last.
 		for _, id := range o.In {
-			r.verify(id, i)
+			if r.checked(id) {
+				r.verify(id, i)
+			}
+		}
+		if err := r.kernel(k, i); err != nil {
+			return err
 		}
 		// A view's output is its input's storage, unchanged; every other
 		// output gets a fresh pattern.
@@ -417,11 +522,25 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 			return err
 		}
 	}
+	var measured float64
+	if r.timing != nil {
+		if err := r.dev.SyncStream(e.ComputeStream()); err != nil {
+			return fmt.Errorf("sync of the compute stream: %w", err)
+		}
+		measured = float64(time.Since(start)) / 1e6
+	}
+	if r.est != nil {
+		r.est.current = k // End plans this iteration's profile
+	}
 	res := x.End()
 	r.rep.Results = append(r.rep.Results, res)
-	r.rep.PerIteration = append(r.rep.PerIteration, IterationReport{Round: r.round, Iter: it.Index, Stage: res.Stage.String(),
+	ir := IterationReport{Round: r.round, Iter: it.Index, Stage: res.Stage.String(),
 		PlannedSwaps: res.SwapsOut, PlannedRecomputes: res.Recomputes, OnDemandSwapIns: res.OnDemand, Evictions: res.Evictions,
-		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS})
+		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS}
+	if r.timing != nil {
+		ir.OpTimes, ir.KernelMS, ir.UnlimitedMS, ir.MeasuredMS = r.bases[k], sum(r.times[k])/1000, r.unlimited[k], measured
+	}
+	r.rep.PerIteration = append(r.rep.PerIteration, ir)
 	r.rep.Stages = append(r.rep.Stages, res.Stage.String())
 	if res.PlanError != nil {
 		r.rep.PlanErrors = append(r.rep.PlanErrors, res.PlanError.Error())
@@ -429,10 +548,12 @@ func (r *runner) iteration(it *trace.Iteration, frees [][]trace.TensorID, gen *u
 	return nil
 }
 
-// recomputeOf is op i's Recompute: the inputs still hold what they held
-// when it ran (the Engine kept them), and its output gets the pattern of
-// generation gen, which it wrote then, again.
-func (r *runner) recomputeOf(o *trace.Op, i int, gen uint64) func() error {
+// recomputeOf is op i's Recompute (of iteration k): the inputs still hold
+// what they held when it ran (the Engine kept them), and its output gets
+// the pattern of generation gen, which it wrote then, again. In a timed
+// replay it is a kernel of the op's time, and checks and writes only the
+// storages Timing.VerifyEvery samples.
+func (r *runner) recomputeOf(o *trace.Op, k, i int, gen uint64) func() error {
 	ins := make([]*live, len(o.In))
 	for x, id := range o.In {
 		ins[x] = r.tensors[id]
@@ -447,9 +568,14 @@ func (r *runner) recomputeOf(o *trace.Op, i int, gen uint64) func() error {
 			if l.gen != inGen[x] {
 				r.fail(fmt.Sprintf("recompute of op %d: input %d was written since", i, o.In[x]))
 			}
-			r.verifyLive(l, o.In[x], i)
+			if r.checked(o.In[x]) {
+				r.verifyLive(l, o.In[x], i)
+			}
 		}
 		r.rep.Recomputes++
+		if err := r.kernel(k, i); err != nil {
+			return fmt.Errorf("recompute: %w", err)
+		}
 		return r.writeLive(out, id, gen)
 	}
 }
@@ -509,15 +635,19 @@ func (r *runner) write(id trace.TensorID, gen uint64) error {
 	return r.writeLive(r.tensors[id], id, gen)
 }
 
-// writeLive writes the pattern of (id, gen) into l's tensor.
+// writeLive writes the pattern of (id, gen) into l's tensor; of a storage
+// whose bytes are not checked (checked) it only notes the generation.
 func (r *runner) writeLive(l *live, id trace.TensorID, gen uint64) error {
+	l.gen = gen
+	if !r.checked(id) {
+		return nil
+	}
 	n := int(l.t.Size())
 	if cap(r.buf) < n {
 		r.buf = make([]byte, n)
 	}
 	b := r.buf[:n]
 	fill(b, id, gen)
-	l.gen = gen
 	return r.dev.WriteDevice(l.t.Ptr(), b)
 }
 

@@ -1,30 +1,35 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/cuda"
+	"github.com/chameleon-go/chameleon/device/cuda/driver"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 func init() {
-	register("replay", "run a trace's iterations through the Engine on the host backend, verifying every byte", runReplay)
+	register("replay", "run a trace's iterations through the Engine on the host backend, verifying every byte, or timing each step (--timing)", runReplay)
 }
 
 func runReplay(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("replay", "--trace FILE [--kineto FILE] [--limit 80%] [--scale N] [--rounds R] [--device host|cuda] [--json]", stderr)
+	fs := newFlagSet("replay", "--trace FILE [--kineto FILE] [--limit 80%] [--scale N] [--rounds R] [--device host|cuda] [--timing [--verify] [--kernels FILE]] [--json]", stderr)
 	tf := addTraceFlags(fs)
 	path := tf.path
 	limitS := fs.String("limit", "80%", "device memory limit: a share of the trace's largest peak in (0%, 100%], or bytes with a unit (12GiB), scaled")
-	scale := fs.Int64("scale", 1024, "divide every tensor size by this")
+	scale := fs.Int64("scale", 1024, "divide every tensor size by this (default 1 with --timing)")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
@@ -32,12 +37,31 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	policyFile := fs.String("policy-file", "", "policy file: loaded at start if it exists, saved at the end")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
+	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
+	verify := fs.Bool("verify", false, fmt.Sprintf("with --timing: check the bytes of every %dth storage at each use (they are not checked otherwise)", replay.DefaultVerifyEvery))
 	cfg := detectionFlags(fs)
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
 	if err := checkReplayFlags(tf, *limitS, *scale, *rounds, *devName, *cfg); err != nil {
 		return err
+	}
+	if *verify && !*timing {
+		return usagef("--verify samples the bytes a timed replay checks: it needs --timing (without it every use is checked)")
+	}
+	scaleSet := false
+	fs.Visit(func(f *flag.Flag) { scaleSet = scaleSet || f.Name == "scale" })
+	if *timing && !scaleSet {
+		*scale = 1 // full size: the step the GPU takes
+	}
+	var kernels *trace.Kernels
+	kpath := *tf.kernels
+	if kpath != "" {
+		k, err := trace.ReadKernelsFile(kpath)
+		if err != nil {
+			return fmt.Errorf("--kernels: %w", err)
+		}
+		kernels = k
 	}
 	tr, err := tf.loadWarn(stderr)
 	if err != nil {
@@ -73,16 +97,37 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	var dev device.Device
 	peakOf := func() int64 { return -1 }
+	opts := []chameleon.Option{chameleon.WithDetection(*cfg)}
+	var tm *replay.Timing
+	if *timing {
+		tm = &replay.Timing{}
+		if *verify {
+			tm.VerifyEvery = replay.DefaultVerifyEvery
+		}
+	}
 	switch *devName {
 	case "host":
 		// The host "device" holds exactly the limit: the Engine reserves
 		// it, so nothing above it can ever be handed out. Its pages model
 		// the GPU's 2 MiB ones at the replay's scale.
-		h, err := host.New(limit, host.WithName("host"), host.WithPageSize(pageAtScale(*scale)))
+		hopts := []host.Option{host.WithName("host"), host.WithPageSize(pageAtScale(*scale))}
+		if tm != nil {
+			// The link is modeled, at the replay's scale so that a copy
+			// takes its full size's time, and the Engine plans on it.
+			l := replay.HostLink(*scale)
+			hopts = append(hopts, host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
+			if *scale > 1 {
+				opts = append(opts, chameleon.WithLinkBandwidth(l.D2H))
+			}
+		}
+		h, err := host.New(limit, hopts...)
 		if err != nil {
 			return err
 		}
 		dev, peakOf = h, h.PeakAllocated
+		if tm != nil {
+			tm.Launch = replay.HostKernel(h)
+		}
 	case "cuda":
 		dev, err = cuda.New()
 		if err != nil {
@@ -92,8 +137,19 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--device %q: want host or cuda", *devName)
 	}
 	defer dev.Close()
-	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: append([]chameleon.Option{chameleon.WithDetection(*cfg)}, extra...),
-		Recompute: *recompute, PolicyFile: *policyFile}
+	if c, ok := dev.(*cuda.Device); ok && tm != nil {
+		sp, err := spinner(c)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			dev.SyncStream(dev.DefaultStream()) // the last kernels before their module goes
+			sp.Close()
+		}()
+		tm.Launch = func(s device.Stream, d time.Duration) error { return sp.Spin(s, d.Nanoseconds()) }
+	}
+	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: append(opts, extra...),
+		Recompute: *recompute, PolicyFile: *policyFile, Timing: tm, Kernels: kernels, KernelsFrom: kpath}
 	if !*quiet {
 		rc.Progress = stderr
 	}
@@ -114,6 +170,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 	} else {
 		fmt.Fprintf(stdout, "%s: %d iterations at scale 1/%d under %d bytes; time base %s\n", rep.Trace, rep.Iterations, rep.Scale, rep.LimitBytes, timeBase)
+		if rep.Timing {
+			fmt.Fprintf(stdout, "timed: each op a kernel of its time on %s's compute stream", dev.Name())
+			if rep.VerifyEvery > 0 {
+				fmt.Fprintf(stdout, ", bytes of every %dth storage checked", rep.VerifyEvery)
+			} else {
+				fmt.Fprint(stdout, ", bytes not checked")
+			}
+			fmt.Fprintln(stdout)
+		}
 		fmt.Fprintf(stdout, "%s: peak bytes handed out %d (%.1f%% of the limit)", dev.Name(), rep.PeakDeviceBytes, 100*float64(rep.PeakDeviceBytes)/float64(rep.LimitBytes))
 		if p := peakOf(); p >= 0 {
 			fmt.Fprintf(stdout, ", device peak %d", p)
@@ -122,17 +187,51 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
 		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, strings.Join(rep.Stages, " "))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tsimulated ms\t")
+		head := "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tsimulated ms\t"
+		if rep.Timing {
+			head += "measured ms\tunlimited ms\tkernels ms\top times\t"
+		}
+		fmt.Fprintln(tw, head)
 		for _, x := range rep.PerIteration {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t\n", x.Round, x.Iter, x.Stage, x.PlannedSwaps, x.PlannedRecomputes,
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t", x.Round, x.Iter, x.Stage, x.PlannedSwaps, x.PlannedRecomputes,
 				x.OnDemandSwapIns, x.Evictions, x.DeferredPrefetches, x.SwappedBytes, x.SimulatedMS)
+			if rep.Timing {
+				fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t%s\t", x.MeasuredMS, x.UnlimitedMS, x.KernelMS, x.OpTimes)
+			}
+			fmt.Fprintln(tw)
 		}
 		tw.Flush()
+		if s := rep.Stable; s != nil {
+			fmt.Fprintf(stdout, "STABLE (%d iterations, medians): unlimited %.2f ms, measured %.2f ms, simulated %.2f ms", s.Iterations, s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS)
+			if s.SimulatedMS > 0 {
+				fmt.Fprintf(stdout, " (measured %+.1f%% of simulated)", 100*(s.MeasuredMS/s.SimulatedMS-1))
+			}
+			fmt.Fprintf(stdout, "; forced evictions %d, on-demand swap-ins %d\n", s.Evictions, s.OnDemandSwapIns)
+		}
 	}
 	if rep.FailedUses > 0 {
 		return fmt.Errorf("%d uses read bytes that differ from what was written: %s", rep.FailedUses, strings.Join(rep.Failures, "; "))
 	}
 	return nil
+}
+
+// spinner is the spin kernel on d's primary context, the one libcudart
+// uses, so that it runs on the Engine's streams: compiled by NVRTC for
+// CHAMELEON_ARCH (default driver.DefaultArch).
+func spinner(d *cuda.Device) (*driver.Spinner, error) {
+	ctx, err := d.Context()
+	if err != nil {
+		return nil, fmt.Errorf("--timing: the spin kernel needs libcuda's primary context: %w", err)
+	}
+	nv, err := driver.LoadNVRTC()
+	if err != nil {
+		return nil, fmt.Errorf("--timing: the spin kernel is compiled by NVRTC: %w", err)
+	}
+	sp, err := driver.NewSpinner(ctx, nv, os.Getenv("CHAMELEON_ARCH"))
+	if err != nil {
+		return nil, fmt.Errorf("--timing: %w", err)
+	}
+	return sp, nil
 }
 
 // pageAtScale is CUDA's 2 MiB page divided by scale, rounded up to a power
