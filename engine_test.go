@@ -276,7 +276,7 @@ func TestEngineMovesStateAcrossIterations(t *testing.T) {
 	for step := range 6 {
 		before := eng.Stats().Evictions
 		it := eng.Begin()
-		a, err := eng.NewTensor(20*kib, chameleon.Activation, "f32", nil)
+		a, err := eng.NewTensor(26*kib, chameleon.Activation, "f32", nil) // with the state, over the limit
 		require.NoError(t, err)
 		for i := range 10 {
 			op := &chameleon.Op{Name: fmt.Sprintf("op%d", i), Overload: "default", Phase: trace.PhaseForward}
