@@ -213,6 +213,11 @@ type Stats struct {
 	// DeviceBytes and HostBytes are what the Engine holds now: device memory
 	// handed out (block-rounded) and pinned host buffers in use.
 	DeviceBytes, HostBytes int64
+	// Maps, Unmaps and HostWaits are the device allocator's (device.Stats):
+	// page mappings made and undone, and the times the host waited for
+	// queued work to unmap a range. All three stay flat once a policy runs
+	// as planned; a host wait stalls the host's queueing of work.
+	Maps, Unmaps, HostWaits int64
 }
 
 // New returns an Engine over dev. It reserves the memory limit on the
@@ -316,6 +321,7 @@ func (e *Engine) Stats() Stats {
 	s := e.stats
 	a := e.alloc.Stats()
 	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated
+	s.Maps, s.Unmaps, s.HostWaits = a.Maps, a.Unmaps, a.HostWaits
 	s.HostBytes = e.pool.Stats().Allocated
 	return s
 }

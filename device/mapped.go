@@ -101,20 +101,21 @@ func (a *arena) usePages(seg *segment, b *block, delta int32) {
 // pickMapped chooses the free block to serve size bytes from in a mapped
 // arena, or -1 when none fits in the page budget: it fails exactly when
 // minExtra says the request does not fit, which is what EvictionWindow
-// goes by. Among the best fits, the
-// first that is ready and whose pages are all mapped wins (the hot path: no
-// device call); failing that, the candidate that adds the fewest pages in
-// use, then the fewest pages to map, then the one freed longest ago.
+// goes by. Among the best fits, the first that is ready and whose pages
+// are all mapped wins (the hot path: no device call); failing that, the
+// candidate with the fewest pages to map (each a driver call of tens of
+// microseconds, against a stream wait for a block not ready yet), then the
+// one that adds the fewest pages in use, then the one freed longest ago.
+// The search goes past the first candidates while every one seen needs
+// pages mapped: a mapped fit anywhere in the list beats remapping.
 func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
 	i := a.firstFit(size)
 	n := len(a.free)
 	best, bestExtra, bestUnmapped := -1, 0, 0
 	for j := i; j < n; j++ {
-		if j >= i+oldestCandidates && j != n-1 && best >= 0 {
+		if j >= i+oldestCandidates && j != n-1 && best >= 0 && bestUnmapped == 0 {
 			// Enough candidates seen: the largest block (fresh address
-			// space, if any) is the last worth asking. Until one fits in
-			// the budget every block is: a fit on a page already in use
-			// may lie anywhere in the list.
+			// space, if any) is the last worth asking.
 			j = n - 1
 		}
 		b := a.free[j]
@@ -124,12 +125,15 @@ func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
 		if um == 0 && j < i+preferCandidates && (ready == nil || ready(b)) {
 			return j
 		}
+		if best >= 0 && um > bestUnmapped {
+			continue
+		}
 		extra := seg.pages.unused(lo, hi)
 		if a.usedPages+int64(extra) > a.budget {
 			continue
 		}
-		if best < 0 || extra < bestExtra || (extra == bestExtra && (um < bestUnmapped ||
-			(um == bestUnmapped && b.freed < a.free[best].freed))) {
+		if best < 0 || um < bestUnmapped || (um == bestUnmapped && (extra < bestExtra ||
+			(extra == bestExtra && b.freed < a.free[best].freed))) {
 			best, bestExtra, bestUnmapped = j, extra, um
 		}
 	}

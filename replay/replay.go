@@ -120,6 +120,14 @@ type IterationReport struct {
 	KernelMS    float64 `json:"kernel_ms,omitempty"`
 	UnlimitedMS float64 `json:"unlimited_ms,omitempty"`
 	MeasuredMS  float64 `json:"measured_ms,omitempty"`
+	// IssuedMS is the host's time from Begin to the last op queued (a
+	// timed replay): a step whose IssuedMS is near its MeasuredMS is bound
+	// by the host, not by the device.
+	IssuedMS float64 `json:"issued_ms,omitempty"`
+	// HostWaits and Maps are the allocator's host waits and page mappings
+	// during the iteration (Engine Stats): both 0 once a policy runs.
+	HostWaits int64 `json:"host_waits"`
+	Maps      int64 `json:"maps"`
 }
 
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
@@ -411,6 +419,8 @@ type runner struct {
 	// recompute: ops that may run again get a Recompute (Config.Recompute).
 	recompute bool
 	round     int // the round being replayed
+	// the Engine's allocator counters at the end of the last iteration
+	hostWaits, maps int64
 	// A timed replay (Config.Timing): the op times of each trace iteration
 	// (µs), where they come from, the Engine's estimator of them and each
 	// iteration's kernels alone (ms).
@@ -522,8 +532,9 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 			return err
 		}
 	}
-	var measured float64
+	var measured, issued float64
 	if r.timing != nil {
+		issued = float64(time.Since(start)) / 1e6
 		if err := r.dev.SyncStream(e.ComputeStream()); err != nil {
 			return fmt.Errorf("sync of the compute stream: %w", err)
 		}
@@ -539,7 +550,11 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS}
 	if r.timing != nil {
 		ir.OpTimes, ir.KernelMS, ir.UnlimitedMS, ir.MeasuredMS = r.bases[k], sum(r.times[k])/1000, r.unlimited[k], measured
+		ir.IssuedMS = issued
 	}
+	st := e.Stats()
+	ir.HostWaits, ir.Maps = st.HostWaits-r.hostWaits, st.Maps-r.maps
+	r.hostWaits, r.maps = st.HostWaits, st.Maps
 	r.rep.PerIteration = append(r.rep.PerIteration, ir)
 	r.rep.Stages = append(r.rep.Stages, res.Stage.String())
 	if res.PlanError != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -38,6 +39,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
 	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
+	mapping := fs.Bool("mapping", true, "--device cuda: page-mapped allocation (the driver's virtual memory management) where the driver has it; false reserves one plain segment")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replay to `file` (go tool pprof): where the host's time per op goes")
 	verify := fs.Bool("verify", false, fmt.Sprintf("with --timing: check the bytes of every %dth storage at each use (they are not checked otherwise)", replay.DefaultVerifyEvery))
 	cfg := detectionFlags(fs)
 	if err := parseArgs(fs, args); err != nil {
@@ -129,7 +132,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			tm.Launch = replay.HostKernel(h)
 		}
 	case "cuda":
-		dev, err = cuda.New()
+		var copts []cuda.Option
+		if !*mapping {
+			copts = append(copts, cuda.WithoutMapping())
+		}
+		dev, err = cuda.New(copts...)
 		if err != nil {
 			return err
 		}
@@ -152,6 +159,18 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		Recompute: *recompute, PolicyFile: *policyFile, Timing: tm, Kernels: kernels, KernelsFrom: kpath}
 	if !*quiet {
 		rc.Progress = stderr
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+		defer fmt.Fprintf(stderr, "wrote %s\n", *cpuProfile)
 	}
 	rep, err := replay.Run(tr, dev, rc)
 	if rep != nil && rep.Engine != nil {
@@ -189,14 +208,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		head := "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tsimulated ms\t"
 		if rep.Timing {
-			head += "measured ms\tunlimited ms\tkernels ms\top times\t"
+			head += "measured ms\tissued ms\thost waits\tunlimited ms\tkernels ms\top times\t"
 		}
 		fmt.Fprintln(tw, head)
 		for _, x := range rep.PerIteration {
 			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t", x.Round, x.Iter, x.Stage, x.PlannedSwaps, x.PlannedRecomputes,
 				x.OnDemandSwapIns, x.Evictions, x.DeferredPrefetches, x.SwappedBytes, x.SimulatedMS)
 			if rep.Timing {
-				fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t%s\t", x.MeasuredMS, x.UnlimitedMS, x.KernelMS, x.OpTimes)
+				fmt.Fprintf(tw, "%.2f\t%.2f\t%d\t%.2f\t%.2f\t%s\t", x.MeasuredMS, x.IssuedMS, x.HostWaits, x.UnlimitedMS, x.KernelMS, x.OpTimes)
 			}
 			fmt.Fprintln(tw)
 		}
