@@ -191,6 +191,30 @@ func (a *arena) firstFit(size int64) int {
 	return i
 }
 
+// splitFree splits the free block a.free[i] at off bytes (a multiple of
+// the alignment, inside it) into two free blocks, and returns the index of
+// the second in the free list. Both keep the block's pending events.
+func (a *arena) splitFree(i int, off int64) int {
+	b := a.free[i]
+	a.free = slices.Delete(a.free, i, i+1)
+	r := a.newBlock()
+	r.addr, r.size, r.seg, r.free, r.freed = b.addr+uintptr(off), b.size-off, b.seg, true, b.freed
+	r.pending = append(r.pending, b.pending...)
+	for _, e := range r.pending {
+		a.ref(e, 1)
+	}
+	r.prev, r.next = b, b.next
+	if b.next != nil {
+		b.next.prev = r
+	}
+	b.next = r
+	b.size = off
+	a.insertFree(b)
+	j, _ := slices.BinarySearchFunc(a.free, r, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
+	a.free = slices.Insert(a.free, j, r)
+	return j
+}
+
 // takeAt hands out size bytes at the start of the free block a.free[i].
 func (a *arena) takeAt(i int, size int64) *block {
 	b := a.free[i]

@@ -108,10 +108,10 @@ func (a *arena) usePages(seg *segment, b *block, delta int32) {
 // one that adds the fewest pages in use, then the one freed longest ago.
 // The search goes past the first candidates while every one seen needs
 // pages mapped: a mapped fit anywhere in the list beats remapping.
-func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
+func (a *arena) pickMapped(size int64, ready func(*block) bool) (int, int64) {
 	i := a.firstFit(size)
 	n := len(a.free)
-	best, bestExtra, bestUnmapped := -1, 0, 0
+	best, bestExtra, bestUnmapped, bestOff := -1, 0, 0, int64(0)
 	for j := i; j < n; j++ {
 		if j >= i+oldestCandidates && j != n-1 && best >= 0 && bestUnmapped == 0 {
 			// Enough candidates seen: the largest block (fresh address
@@ -123,7 +123,16 @@ func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
 		lo, hi := seg.pages.span(seg, b.addr, size)
 		um := seg.pages.unmapped(lo, hi)
 		if um == 0 && j < i+preferCandidates && (ready == nil || ready(b)) {
-			return j
+			return j, 0
+		}
+		var off int64
+		if um > 0 {
+			// A run of mapped pages further into the block serves the
+			// request with no driver call: the block's head stays free.
+			if o, ok := a.mappedWindow(seg, b, size); ok {
+				off, um = o, 0
+				lo, hi = seg.pages.span(seg, b.addr+uintptr(off), size)
+			}
 		}
 		if best >= 0 && um > bestUnmapped {
 			continue
@@ -134,10 +143,26 @@ func (a *arena) pickMapped(size int64, ready func(*block) bool) int {
 		}
 		if best < 0 || um < bestUnmapped || (um == bestUnmapped && (extra < bestExtra ||
 			(extra == bestExtra && b.freed < a.free[best].freed))) {
-			best, bestExtra, bestUnmapped = j, extra, um
+			best, bestExtra, bestUnmapped, bestOff = j, extra, um, off
 		}
 	}
-	return best
+	return best, bestOff
+}
+
+// mappedWindow finds, inside the free block b, the first page-aligned
+// offset from which size bytes lie on mapped pages only.
+func (a *arena) mappedWindow(seg *segment, b *block, size int64) (int64, bool) {
+	pm := seg.pages
+	page := int64(1) << pm.shift
+	first := (int64(b.addr-seg.addr) + page - 1) / page // first page starting inside b
+	last := (int64(b.addr-seg.addr) + b.size - size) / page
+	need := int((size + page - 1) / page)
+	for p := int(first); p <= int(last); p++ {
+		if pm.unmapped(p, p+need) == 0 {
+			return int64(seg.addr) + int64(p)*page - int64(b.addr), true
+		}
+	}
+	return 0, false
 }
 
 // minExtra is the fewest pages a request of size bytes adds to the pages in
@@ -247,16 +272,19 @@ func (a *Allocator) releaseMapped() error {
 // mapped (mapping them, and unmapping cached pages to make room, if need
 // be). Called with p.mu held.
 func (p *pool) takeMapped(need int64, ready func(*block) bool) (*block, error) {
-	i := p.a.pickMapped(need, ready)
+	i, off := p.a.pickMapped(need, ready)
 	if i < 0 && p.a.firstFit(need) == len(p.a.free) {
 		// No free range of address space fits: reserve more.
 		if err := p.growMapped(max(need, p.space)); err != nil {
 			return nil, err
 		}
-		i = p.a.pickMapped(need, ready)
+		i, off = p.a.pickMapped(need, ready)
 	}
 	if i < 0 {
 		return nil, nil
+	}
+	if off > 0 {
+		i = p.a.splitFree(i, off)
 	}
 	b := p.a.takeAt(i, need)
 	if err := p.back(b); err != nil {

@@ -438,3 +438,35 @@ func TestMappedFitsOnAPageInUse(t *testing.T) {
 	assert.Equal(t, h, p, "at the start of the free block on page 0")
 	assert.Equal(t, int64(budget*page), a.Stats().InPages, "no page added")
 }
+
+// TestMappedPlacesOnMappedPagesInsideABlock: a free block whose head lies
+// on unmapped pages and whose tail on mapped ones serves a request from its
+// tail, with no driver call, rather than mapping pages anew (a map and an
+// unmap cost tens of microseconds a page on a GPU).
+func TestMappedPlacesOnMappedPagesInsideABlock(t *testing.T) {
+	const page, budget = 4 << 10, 64
+	const q = budget / 4 * page // a quarter of the budget
+	_, a := newMapped(t, budget*page, page)
+	alloc := func(n int64) device.DevPtr {
+		t.Helper()
+		p, err := a.Alloc(n, 0)
+		require.NoError(t, err)
+		return p
+	}
+	p1, pa, p2 := alloc(q), alloc(q), alloc(q)
+	alloc(q) // the budget is in use
+	require.NoError(t, a.Free(p1))
+	require.NoError(t, a.Free(p2))
+	// Two free quarters, apart: half the budget fits neither, so it takes
+	// fresh address space and their pages move behind it.
+	alloc(2 * q)
+	require.NoError(t, a.Free(pa))
+	// Free now: p1's quarter (unmapped) then pa's (mapped), one block;
+	// p2's quarter (unmapped); the rest of the address space (unmapped).
+	before := a.Stats()
+	require.Equal(t, int64(budget*page), before.Mapped)
+	p := alloc(q / 2)
+	assert.Equal(t, pa, p, "on pa's mapped pages")
+	assert.Equal(t, before.Maps, a.Stats().Maps, "no page mapped")
+	assert.Equal(t, before.Unmaps, a.Stats().Unmaps, "none unmapped")
+}
