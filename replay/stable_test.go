@@ -1,0 +1,107 @@
+package replay_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
+)
+
+// replayAt replays name at pct of its peak, scaled, for at least 14
+// iterations with the default detection (the policy runs in GEN_POLICY
+// before STABLE), on a host device whose pages model the GPU's 2 MiB ones
+// at that scale, as the replay command does.
+func replayAt(t *testing.T, name string, pct float64, scale int64) *replay.Report {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("the public traces are slow under the race detector")
+	}
+	tr := shared(t, name)
+	limit := int64(float64(replay.PeakBytes(tr)/scale) * pct)
+	page := int64(512)
+	for page*scale < 2<<20 {
+		page *= 2
+	}
+	dev, err := host.New(limit, host.WithPageSize(page))
+	require.NoError(t, err)
+	defer dev.Close()
+	d := seq.DefaultConfig()
+	rounds := (14 + len(tr.Iterations) - 1) / len(tr.Iterations)
+	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: rounds, Limit: limit,
+		Options: []chameleon.Option{chameleon.WithDetection(d)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { rep.Engine.Close() })
+	assert.Zero(t, rep.FailedUses, rep.Failures)
+	return rep
+}
+
+// TestStableRunsThePlanAlone: on the static traces the executor follows
+// its plan in STABLE, with no forced eviction and no on-demand swap-in:
+// every byte it moves, it moves as planned.
+func TestStableRunsThePlanAlone(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		scale int64
+	}{
+		{"llama16-bf16.jsonl.gz", 2048}, {"llama7b-8l-bf16.jsonl.gz", 2048}, {"llama16-lora.jsonl.gz", 2048},
+		// Its optimizer step needs 77% of the peak resident at once: at a
+		// coarser scale the rounding of its 735 small tensors is too much.
+		{"llama16-bf16-ckpt.jsonl.gz", 1024},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rep := replayAt(t, c.name, 0.8, c.scale)
+			stable := 0
+			for _, x := range rep.PerIteration {
+				if x.Stage != "STABLE" {
+					continue
+				}
+				stable++
+				assert.Positive(t, x.PlannedSwaps, "round %d iteration %d", x.Round, x.Iter)
+				assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
+				assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
+			}
+			assert.GreaterOrEqual(t, stable, 4)
+		})
+	}
+}
+
+// TestStableOnMixtureOfExperts: routing changes every expert's sizes each
+// step; the policy's tensors still match by call site and ordinal, and at
+// most 5% of the planned swaps need a copy back at the use.
+func TestStableOnMixtureOfExperts(t *testing.T) {
+	rep := replayAt(t, "mixtral8-eager-bf16.jsonl.gz", 0.8, 2048)
+	var planned, onDemand int64
+	for _, x := range rep.PerIteration {
+		if x.Stage == "STABLE" {
+			planned += x.PlannedSwaps
+			onDemand += x.OnDemandSwapIns
+		}
+	}
+	require.Positive(t, planned)
+	t.Logf("STABLE: %d planned swaps, %d on-demand swap-ins", planned, onDemand)
+	assert.LessOrEqual(t, float64(onDemand), 0.05*float64(planned))
+}
+
+// TestLimitUnderAnOpsWorkingSetIsRefused: llama16-bf16-ckpt's fused AdamW
+// step reads and writes every parameter, gradient and optimizer state at
+// once, 77% of the trace's peak: at 70% no plan and no eviction can run it,
+// and the replay says so before it starts, naming the op and the lowest
+// limit that can work.
+func TestLimitUnderAnOpsWorkingSetIsRefused(t *testing.T) {
+	tr := shared(t, "llama16-bf16-ckpt.jsonl.gz")
+	const scale = 1024
+	limit := replay.PeakBytes(tr) / scale * 7 / 10
+	dev, err := host.New(limit)
+	require.NoError(t, err)
+	defer dev.Close()
+	_, err = replay.Run(tr, dev, replay.Config{Scale: scale, Limit: limit})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "aten::_fused_adamw_")
+	assert.Contains(t, err.Error(), "the lowest limit this trace can run under")
+	assert.Contains(t, err.Error(), "llama16-bf16-ckpt.jsonl.gz:")
+}
