@@ -216,18 +216,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 		tensors[i] = made(s.Tensor)
 	}
 	rcs := slices.Clone(res.Recomputes())
-	rtensors := make([]plannedTensor, len(rcs))
-	var mtensors []plannedTensor
-	seen := map[trace.TensorID]bool{}
-	for k, r := range rcs {
-		rtensors[k] = made(r.Tensor)
-		for _, m := range r.Remade {
-			if !seen[m.Tensor] {
-				seen[m.Tensor] = true
-				mtensors = append(mtensors, made(m.Tensor))
-			}
-		}
-	}
+	rtensors, mtensors := recomputeTensors(rcs, made)
 	p := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
 	p.env, p.prof = e.env(), newProfiled(it, hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
 	return p, res, nil
@@ -289,4 +278,21 @@ func ordinals(it *trace.Iteration, v *seq.Vocab) map[trace.TensorID]uint32 {
 		}
 	}
 	return ord
+}
+
+// recomputeTensors describes, by made, what a policy's recomputes match:
+// each recomputed tensor, and each input they make again, once.
+func recomputeTensors(rcs []simulate.Recompute, made func(trace.TensorID) plannedTensor) (rtensors, mtensors []plannedTensor) {
+	rtensors = make([]plannedTensor, len(rcs))
+	seen := map[trace.TensorID]bool{}
+	for k, r := range rcs {
+		rtensors[k] = made(r.Tensor)
+		for _, m := range r.Remade {
+			if !seen[m.Tensor] {
+				seen[m.Tensor] = true
+				mtensors = append(mtensors, made(m.Tensor))
+			}
+		}
+	}
+	return rtensors, mtensors
 }

@@ -868,19 +868,10 @@ func (e *Engine) decodePolicy(fp *filePolicy) *policy {
 		ip.OutOp[i], ip.InOp[i] = s.IssueOut, s.IssueIn
 	}
 	rcs := make([]simulate.Recompute, len(fp.Recomputes))
-	rtensors := make([]plannedTensor, len(fp.Recomputes))
-	var mtensors []plannedTensor
-	seen := map[trace.TensorID]bool{}
 	for k, r := range fp.Recomputes {
 		rcs[k] = r.recompute()
-		rtensors[k] = planned(r.Tensor)
-		for _, m := range r.Remade {
-			if !seen[m.Tensor] {
-				seen[m.Tensor] = true
-				mtensors = append(mtensors, planned(m.Tensor))
-			}
-		}
 	}
+	rtensors, mtensors := recomputeTensors(rcs, planned)
 	p := newPolicy(fp.Key, e.cfg.match, e.enc.Vocab, swaps, tensors, nil, ip, rcs, rtensors, mtensors, fp.ordered)
 	p.simMS, p.eng = fp.SimulatedMS, e
 	if a := fp.Assumed; a != nil {

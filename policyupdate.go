@@ -92,18 +92,7 @@ func (e *Engine) bindPlan(key policyKey, pr *profiled, res *plan.Result) *policy
 		tensors[i] = made(s.Tensor)
 	}
 	rcs := slices.Clone(res.Recomputes())
-	rtensors := make([]plannedTensor, len(rcs))
-	var mtensors []plannedTensor
-	seen := map[trace.TensorID]bool{}
-	for k, r := range rcs {
-		rtensors[k] = made(r.Tensor)
-		for _, m := range r.Remade {
-			if !seen[m.Tensor] {
-				seen[m.Tensor] = true
-				mtensors = append(mtensors, made(m.Tensor))
-			}
-		}
-	}
+	rtensors, mtensors := recomputeTensors(rcs, made)
 	np := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, nil, res.Issue, rcs, rtensors, mtensors, true)
 	np.env, np.eng = e.env(), e
 	if res.Exec != nil {

@@ -197,8 +197,18 @@ func (a *arena) firstFit(size int64) int {
 func (a *arena) splitFree(i int, off int64) int {
 	b := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)
+	r := a.cut(b, off)
+	a.insertFree(b)
+	j, _ := slices.BinarySearchFunc(a.free, r, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
+	a.free = slices.Insert(a.free, j, r)
+	return j
+}
+
+// cut shortens b to its first at bytes and returns the rest as a new free
+// block after it, with b's pending events.
+func (a *arena) cut(b *block, at int64) *block {
 	r := a.newBlock()
-	r.addr, r.size, r.seg, r.free, r.freed = b.addr+uintptr(off), b.size-off, b.seg, true, b.freed
+	r.addr, r.size, r.seg, r.free, r.freed = b.addr+uintptr(at), b.size-at, b.seg, true, b.freed
 	r.pending = append(r.pending, b.pending...)
 	for _, e := range r.pending {
 		a.ref(e, 1)
@@ -208,11 +218,8 @@ func (a *arena) splitFree(i int, off int64) int {
 		b.next.prev = r
 	}
 	b.next = r
-	b.size = off
-	a.insertFree(b)
-	j, _ := slices.BinarySearchFunc(a.free, r, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
-	a.free = slices.Insert(a.free, j, r)
-	return j
+	b.size = at
+	return r
 }
 
 // takeAt hands out size bytes at the start of the free block a.free[i].
@@ -220,19 +227,7 @@ func (a *arena) takeAt(i int, size int64) *block {
 	b := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)
 	if rest := b.size - size; rest >= a.align {
-		r := a.newBlock()
-		r.addr, r.size, r.seg, r.free, r.freed = b.addr+uintptr(size), rest, b.seg, true, b.freed
-		r.pending = append(r.pending, b.pending...)
-		for _, e := range r.pending {
-			a.ref(e, 1)
-		}
-		r.prev, r.next = b, b.next
-		if b.next != nil {
-			b.next.prev = r
-		}
-		b.next = r
-		b.size = size
-		a.insertFree(r)
+		a.insertFree(a.cut(b, size))
 	}
 	b.free = false
 	if seg := &a.segs[b.seg]; seg.pages != nil {
