@@ -104,6 +104,10 @@ type Tensor struct {
 	state    residency
 	ready    device.Event // copy back done (state swappedIn)
 	outDone  device.Event // copy out done (state swapped)
+	// kept: resident again, t still holds the host copy it came back from,
+	// which stays current until an op writes t (lists it in Out): a swap
+	// out until then releases the device memory and copies nothing.
+	kept bool
 	produced bool
 	released bool
 	pin      uint64  // op serial during which it must stay resident
@@ -218,6 +222,11 @@ type Stats struct {
 	// queued work to unmap a range. All three stay flat once a policy runs
 	// as planned; a host wait stalls the host's queueing of work.
 	Maps, Unmaps, HostWaits int64
+	// KeptEvictions counts swap-outs (in SwapsOut) of parameters and
+	// optimizer state whose host copy was still current (no op had written
+	// them since they came back): device memory released, nothing copied;
+	// KeptBytes their bytes, which SwappedOutBytes does not count.
+	KeptEvictions, KeptBytes int64
 }
 
 // New returns an Engine over dev. It reserves the memory limit on the
@@ -432,17 +441,29 @@ func (e *Engine) Release(t *Tensor) error {
 
 // drop gives t's memory back but keeps its handle (state dropped).
 func (e *Engine) drop(t *Tensor) error {
-	var err error
+	err := e.unkeep(t)
 	switch t.state {
 	case resident:
 		err = e.alloc.FreeOn(t.ptr, e.compute)
 	case swappedIn:
 		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
 	case swapped:
-		err = e.pool.PutAfter(t.host, t.outDone, e.d2h)
+		err = errors.Join(err, e.pool.PutAfter(t.host, t.outDone, e.d2h))
 	}
 	t.ptr, t.host, t.state = 0, device.HostBuf{}, dropped
 	return err
+}
+
+// unkeep gives back the host copy a resident tensor kept (see kept): after
+// the copy back that read it.
+func (e *Engine) unkeep(t *Tensor) error {
+	if !t.kept {
+		return nil
+	}
+	t.kept = false
+	buf := t.host
+	t.host = device.HostBuf{}
+	return e.pool.PutAfter(buf, t.ready, e.h2d)
 }
 
 // free gives a released tensor's memory back.
@@ -451,6 +472,9 @@ func (e *Engine) free(t *Tensor) error {
 	last := e.live[len(e.live)-1]
 	e.live[t.slot], last.slot = last, t.slot
 	e.live = e.live[:len(e.live)-1]
+	if err := e.unkeep(t); err != nil {
+		return err
+	}
 	switch t.state {
 	case resident:
 		return e.alloc.FreeOn(t.ptr, e.compute)

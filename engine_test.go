@@ -315,3 +315,61 @@ func TestEngineMovesStateAcrossIterations(t *testing.T) {
 	assert.Zero(t, evictionsStable, "no forced swap once the policy runs")
 	assert.LessOrEqual(t, dev.PeakAllocated(), int64(48*kib))
 }
+
+// TestKeptCopyIsNotCopiedAgain: a weight that comes back only to be read
+// still has a current host copy, so its next swap-out releases the device
+// memory and copies nothing; once an op writes it, the next one copies, and
+// its bytes come back as written.
+func TestKeptCopyIsNotCopiedAgain(t *testing.T) {
+	const kib = 1 << 10
+	dev, err := host.New(64 * kib)
+	require.NoError(t, err)
+	defer dev.Close()
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(64*kib))
+	require.NoError(t, err)
+	defer eng.Close()
+	w, err := eng.NewTensor(32*kib, chameleon.Persistent, "u8", nil)
+	require.NoError(t, err)
+	fill := func(b byte) {
+		buf := bytes.Repeat([]byte{b}, 32*kib)
+		require.NoError(t, dev.WriteDevice(w.Ptr(), buf))
+	}
+	check := func(b byte) {
+		got := make([]byte, 32*kib)
+		require.NoError(t, dev.ReadDevice(got, w.Ptr()))
+		require.Equal(t, bytes.Repeat([]byte{b}, 32*kib), got)
+	}
+	it := eng.Begin()
+	op := func(name string, in, out []*chameleon.Tensor, body func()) {
+		o := &chameleon.Op{Name: name, In: in, Out: out}
+		require.NoError(t, it.Before(o))
+		if body != nil {
+			body()
+		}
+		require.NoError(t, it.After(o))
+	}
+	// pressure pushes w out: an activation as large as the rest of the limit.
+	pressure := func() {
+		a, err := eng.NewTensor(48*kib, chameleon.Activation, "u8", nil)
+		require.NoError(t, err)
+		op("fill", nil, []*chameleon.Tensor{a}, nil)
+		require.NoError(t, eng.Release(a))
+	}
+	op("init", nil, []*chameleon.Tensor{w}, func() { fill(7) })
+	pressure() // w goes out, copied
+	st := eng.Stats()
+	require.Equal(t, int64(1), st.SwapsOut)
+	op("read", []*chameleon.Tensor{w}, nil, func() { check(7) })
+	pressure() // w goes out again: read only, its host copy is current
+	st = eng.Stats()
+	assert.Equal(t, int64(2), st.SwapsOut)
+	assert.Equal(t, int64(1), st.KeptEvictions)
+	assert.Equal(t, int64(32*kib), st.SwappedOutBytes, "the second swap-out copied nothing")
+	op("update", []*chameleon.Tensor{w}, []*chameleon.Tensor{w}, func() { check(7); fill(9) })
+	pressure() // written since it came back: copied
+	st = eng.Stats()
+	assert.Equal(t, int64(1), st.KeptEvictions)
+	assert.Equal(t, int64(64*kib), st.SwappedOutBytes)
+	op("read", []*chameleon.Tensor{w}, nil, func() { check(9) })
+	it.End()
+}

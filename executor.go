@@ -97,6 +97,9 @@ func (e *Engine) swapOut(t *Tensor) error {
 	if t.state == swapped || t.state == dropped {
 		return nil
 	}
+	if t.kept {
+		return e.evictKept(t)
+	}
 	after := e.ring[e.compute].next()
 	if t.state == swappedIn {
 		// Still arriving: the copy out must follow the copy back.
@@ -129,6 +132,35 @@ func (e *Engine) swapOut(t *Tensor) error {
 	t.host, t.outDone, t.state, t.ptr = buf, done, swapped, 0
 	e.stats.SwapsOut++
 	e.stats.SwappedOutBytes += t.size
+	return nil
+}
+
+// evictKept swaps out a tensor whose host copy is current (kept): its
+// device memory goes (after the compute stream's work so far, or after its
+// copy back if that is still running) and nothing is copied. The copy out's
+// event is one the d2h stream records behind the copy back, so that the
+// buffer's later users wait as for a copied tensor.
+func (e *Engine) evictKept(t *Tensor) error {
+	if err := e.dev.StreamWait(e.d2h, t.ready); err != nil {
+		return faulted("release of the kept copy", t, err)
+	}
+	done := e.ring[e.d2h].next()
+	if err := e.dev.Record(done, e.d2h); err != nil {
+		return faulted("release of the kept copy", t, err)
+	}
+	var err error
+	if t.state == swappedIn {
+		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	} else {
+		err = e.alloc.FreeOn(t.ptr, e.compute)
+	}
+	if err != nil {
+		return faulted("release of the kept copy", t, err)
+	}
+	t.kept, t.outDone, t.state, t.ptr = false, done, swapped, 0
+	e.stats.SwapsOut++
+	e.stats.KeptEvictions++
+	e.stats.KeptBytes += t.size
 	return nil
 }
 
@@ -165,6 +197,15 @@ func (e *Engine) swapIn(t *Tensor, evict bool) (bool, error) {
 	ready := e.ring[e.h2d].next()
 	if err := e.dev.Record(ready, e.h2d); err != nil {
 		return false, faulted("copy in", t, err, func() error { return e.dev.SyncStream(e.h2d) }, free)
+	}
+	if t.kind.persistent() {
+		// Parameters and optimizer state often come back only to be read
+		// (frozen weights, every weight at inference): the host copy is
+		// kept, current until an op writes the tensor.
+		t.ptr, t.ready, t.state, t.kept = ptr, ready, swappedIn, true
+		e.stats.SwapsIn++
+		e.stats.SwappedInBytes += t.size
+		return true, nil
 	}
 	if err := e.pool.PutAfter(t.host, ready, e.h2d); err != nil {
 		// The copy is queued and tracked: the tensor arrives; its host

@@ -123,6 +123,12 @@ func (it *Iteration) Before(op *Op) error {
 	if err := it.resident(op, op.Out); err != nil {
 		return err
 	}
+	// What the op writes no longer matches a host copy kept of it.
+	for _, t := range op.Out {
+		if err := e.unkeep(t); err != nil {
+			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+		}
+	}
 	e.inOp = true
 	return nil
 }

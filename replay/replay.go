@@ -87,15 +87,19 @@ type Report struct {
 	// Stable sums up a timed replay's STABLE iterations (nil when none).
 	Stable *StableReport `json:"stable,omitempty"`
 	// Not in the command's required report, but useful.
-	OnDemandSwapIns int64              `json:"on_demand_swap_ins"`
-	Recomputes      int64              `json:"recomputes"`
-	Evictions       int64              `json:"evictions"`
-	PlanErrors      []string           `json:"plan_errors,omitempty"`
-	PerIteration    []IterationReport  `json:"per_iteration"`
-	Results         []chameleon.Result `json:"-"`
-	Failures        []string           `json:"failures,omitempty"`
-	Stats           chameleon.Stats    `json:"-"`
-	Engine          *chameleon.Engine  `json:"-"`
+	OnDemandSwapIns int64    `json:"on_demand_swap_ins"`
+	Recomputes      int64    `json:"recomputes"`
+	Evictions       int64    `json:"evictions"`
+	PlanErrors      []string `json:"plan_errors,omitempty"`
+	// KeptSwapOuts counts swap-outs of parameters and optimizer state whose
+	// host copy was still current: no bytes copied (KeptBytes not copied).
+	KeptSwapOuts int64              `json:"kept_swap_outs"`
+	KeptBytes    int64              `json:"kept_bytes"`
+	PerIteration []IterationReport  `json:"per_iteration"`
+	Results      []chameleon.Result `json:"-"`
+	Failures     []string           `json:"failures,omitempty"`
+	Stats        chameleon.Stats    `json:"-"`
+	Engine       *chameleon.Engine  `json:"-"`
 }
 
 // IterationReport is what one replayed iteration did.
@@ -386,6 +390,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep.CacheHits = st.CacheHits
 	rep.OnDemandSwapIns = st.OnDemandIn
 	rep.Evictions = st.Evictions
+	rep.KeptSwapOuts, rep.KeptBytes = st.KeptEvictions, st.KeptBytes
 	rep.PolicyUpdates = st.PolicyUpdates
 	if cfg.PolicyFile != "" {
 		if err := eng.SavePolicyFile(cfg.PolicyFile); err != nil {
