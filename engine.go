@@ -94,20 +94,20 @@ type Op struct {
 // current device address with Ptr inside the op (between Before and After)
 // that lists the tensor; the address may change between ops.
 type Tensor struct {
-	id       trace.TensorID
-	size     int64
-	kind     Kind
-	dtype    string
-	shape    []int64
-	ptr      device.DevPtr
-	host     device.HostBuf
-	state    residency
-	ready    device.Event // copy back done (state swappedIn)
-	outDone  device.Event // copy out done (state swapped)
+	id      trace.TensorID
+	size    int64
+	kind    Kind
+	dtype   string
+	shape   []int64
+	ptr     device.DevPtr
+	host    device.HostBuf
+	state   residency
+	ready   device.Event // copy back done (state swappedIn)
+	outDone device.Event // copy out done (state swapped)
 	// kept: resident again, t still holds the host copy it came back from,
 	// which stays current until an op writes t (lists it in Out): a swap
 	// out until then releases the device memory and copies nothing.
-	kept bool
+	kept     bool
 	produced bool
 	released bool
 	pin      uint64  // op serial during which it must stay resident
