@@ -125,8 +125,10 @@ func (it *Iteration) Before(op *Op) error {
 	}
 	// What the op writes no longer matches a host copy kept of it.
 	for _, t := range op.Out {
-		if err := e.unkeep(t); err != nil {
-			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+		if t.kept {
+			if err := e.unkeep(t); err != nil {
+				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+			}
 		}
 	}
 	e.inOp = true

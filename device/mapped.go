@@ -157,6 +157,9 @@ func (a *arena) mappedWindow(seg *segment, b *block, size int64) (int64, bool) {
 	first := (int64(b.addr-seg.addr) + page - 1) / page // first page starting inside b
 	last := (int64(b.addr-seg.addr) + b.size - size) / page
 	need := int((size + page - 1) / page)
+	if int(last) < int(first) || pm.unmapped(int(first), int(last)+need) == int(last)+need-int(first) {
+		return 0, false // no mapped page in the block: fresh address space
+	}
 	for p := int(first); p <= int(last); p++ {
 		if pm.unmapped(p, p+need) == 0 {
 			return int64(seg.addr) + int64(p)*page - int64(b.addr), true

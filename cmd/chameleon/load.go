@@ -38,8 +38,9 @@ type traceFlags struct {
 // kernelTimes are measured per-op kernel times and where they come from.
 type kernelTimes struct {
 	est  *layer.Measured
-	from string // the file
-	iter int    // the trace position they time; -1: any iteration of their op sequence
+	file *trace.Kernels // the --kernels file as read, nil for Kineto kernels
+	from string         // the file
+	iter int            // the trace position they time; -1: any iteration of their op sequence
 }
 
 func addTraceFlags(fs *flag.FlagSet) traceFlags {
@@ -66,6 +67,15 @@ func (f traceFlags) load() (*trace.Trace, error) { return f.loadWarn(io.Discard)
 // loadWarn is load; what the import warns of (an Execution Trace whose
 // profiled step was host-bound) goes to warn.
 func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
+	// The kernels file first: it is the smaller, and a bad one is said
+	// before minutes go into the trace.
+	var k *trace.Kernels
+	if *f.kernels != "" {
+		var err error
+		if k, err = trace.ReadKernelsFile(*f.kernels); err != nil {
+			return nil, fmt.Errorf("--kernels: %w", err)
+		}
+	}
 	var tr *trace.Trace
 	if *f.kineto != "" {
 		res, err := pytorch.LoadFiles(*f.path, *f.kineto)
@@ -89,12 +99,8 @@ func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
 			return nil, f.hinted(err)
 		}
 	}
-	if *f.kernels != "" {
-		k, err := trace.ReadKernelsFile(*f.kernels)
-		if err != nil {
-			return nil, fmt.Errorf("--kernels: %w", err)
-		}
-		*f.kt = kernelTimes{est: layer.FromKernels(k), from: *f.kernels, iter: -1}
+	if k != nil {
+		*f.kt = kernelTimes{est: layer.FromKernels(k), file: k, from: *f.kernels, iter: -1}
 	}
 	return tr, nil
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 func init() {
@@ -57,24 +56,21 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *timing && !scaleSet {
 		*scale = 1 // full size: the step the GPU takes
 	}
-	var kernels *trace.Kernels
-	kpath := *tf.kernels
-	if kpath != "" {
-		k, err := trace.ReadKernelsFile(kpath)
-		if err != nil {
-			return fmt.Errorf("--kernels: %w", err)
-		}
-		kernels = k
-	}
 	tr, err := tf.loadWarn(stderr)
 	if err != nil {
 		return err
 	}
-	// With kernel times (--kernels, or an Execution Trace's Kineto kernels)
-	// the Engine plans a profile of their op sequence with them.
+	// With kernel times the Engine plans a profile of their op sequence with
+	// them: a --kernels file through the replay (replay.Config.Kernels, which
+	// times --timing's kernels too), an Execution Trace's Kineto kernels
+	// through the Engine's estimator.
+	kernels, kpath := tf.kt.file, *tf.kernels
 	timeBase, extra := layer.BaseEstimated, []chameleon.Option(nil)
 	if tf.kt.est != nil {
-		timeBase, extra = layer.BaseKernels, append(extra, chameleon.WithEstimator(tf.kt.est))
+		timeBase = layer.BaseKernels
+		if kernels == nil {
+			extra = append(extra, chameleon.WithEstimator(tf.kt.est))
+		}
 	}
 	if *bounds != "" {
 		g, err := plan.ParseBoundaries(*bounds)
