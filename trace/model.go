@@ -94,6 +94,11 @@ type Tensor struct {
 	Shape []int64 // of the first tensor seen on the storage
 	Kind  Kind
 	Ptr   uint64 // device address when recorded, else 0
+	// Frozen marks a parameter no op writes during the run (no gradient, no
+	// optimizer update: LoRA base weights, every weight at inference): a
+	// host copy of it never goes stale, so moving it off the device copies
+	// nothing out.
+	Frozen bool
 	// Line is the line of the trace file that declared the storage (from
 	// 1), 0 when it was not read from a line-oriented file: errors about
 	// the tensor in later stages point back at it.

@@ -107,12 +107,13 @@ type rawLine struct {
 	Torch  string          `json:"torch"`
 	Params int64           `json:"params"`
 	// tensor
-	ID    *int64  `json:"id"`
-	Bytes *int64  `json:"bytes"`
-	DType string  `json:"dtype"`
-	Shape dimList `json:"shape"`
-	Kind  string  `json:"kind"`
-	Ptr   uint64  `json:"ptr"`
+	ID     *int64  `json:"id"`
+	Bytes  *int64  `json:"bytes"`
+	DType  string  `json:"dtype"`
+	Shape  dimList `json:"shape"`
+	Kind   string  `json:"kind"`
+	Ptr    uint64  `json:"ptr"`
+	Frozen bool    `json:"frozen"`
 	// op (seq doubles as the header's sequence length)
 	Iter     *int     `json:"iter"`
 	Seq      *int     `json:"seq"`
@@ -409,9 +410,12 @@ func (r *Reader) tensor(l *rawLine) error {
 	if !ok {
 		return r.errf("kind", "unknown tensor kind %q", l.Kind)
 	}
+	if l.Frozen && kind != KindParam {
+		return r.errf("frozen", "set on a %s tensor; only a param can be frozen", l.Kind)
+	}
 	r.tensors[id] = &Tensor{
 		ID: id, Bytes: *l.Bytes, DType: r.intern(l.DType), Shape: append([]int64(nil), l.Shape...),
-		Kind: kind, Ptr: l.Ptr, Line: r.line,
+		Kind: kind, Ptr: l.Ptr, Frozen: l.Frozen, Line: r.line,
 	}
 	return nil
 }

@@ -149,6 +149,8 @@ func TestBadInputNamesFileLineField(t *testing.T) {
 		{"peak negative", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","out":[0]}`, `{"type":"iter_end","iter":0,"ops":1,"peak_bytes":-5}`}, "peak_bytes", 4},
 		{"in count", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":[` + list("0", trace.MaxOpTensors+1) + `]}`}, "in", 3},
 		{"out count", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","out":[` + list("0", trace.MaxOpTensors+1) + `]}`}, "out", 3},
+		{"frozen activation", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"kind":"act","frozen":true}`}, "frozen", 2},
+		{"frozen not a bool", []string{hdr, `{"type":"tensor","id":0,"bytes":1,"kind":"param","frozen":1}`}, "frozen", 2},
 		{"in type", []string{hdr, t0, `{"type":"op","iter":0,"seq":0,"name":"aten::mm","phase":"fwd","in":["0"]}`}, "in", 3},
 	}
 	for _, tt := range tests {
@@ -328,4 +330,33 @@ func FuzzReadKernels(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The LoRA trace freezes the base weights and trains the adapters; the
+// decode trace freezes every parameter.
+func TestFrozenParamsOfThePublicTraces(t *testing.T) {
+	count := func(tr *trace.Trace) (frozen, params int) {
+		seen := map[trace.TensorID]bool{}
+		for _, it := range tr.Iterations {
+			for id, ts := range it.Tensors {
+				if seen[id] || ts.Kind != trace.KindParam {
+					continue
+				}
+				seen[id] = true
+				params++
+				if ts.Frozen {
+					frozen++
+				}
+			}
+		}
+		return frozen, params
+	}
+	lora := testtraces.Read(t, "llama16-lora.jsonl.gz")
+	f, p := count(lora)
+	assert.Positive(t, f, "frozen base weights")
+	assert.Less(t, f, p, "the adapters are trained")
+	dec := testtraces.Read(t, "llama7b-8l-decode.jsonl.gz")
+	f, p = count(dec)
+	assert.Positive(t, p)
+	assert.Equal(t, p, f, "inference freezes every parameter")
 }
