@@ -16,6 +16,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/chameleon-go/chameleon"
@@ -100,6 +101,11 @@ type Report struct {
 	Failures     []string           `json:"failures,omitempty"`
 	Stats        chameleon.Stats    `json:"-"`
 	Engine       *chameleon.Engine  `json:"-"`
+	// Timeline is the last STABLE iteration's stamped ops (the last
+	// iteration's when none ran STABLE), with Timing.Timeline; TimelineOf
+	// names it.
+	Timeline   []OpSpan `json:"-"`
+	TimelineOf string   `json:"-"`
 }
 
 // IterationReport is what one replayed iteration did.
@@ -132,6 +138,15 @@ type IterationReport struct {
 	// during the iteration (Engine Stats): both 0 once a policy runs.
 	HostWaits int64 `json:"host_waits"`
 	Maps      int64 `json:"maps"`
+	// With Timing.Timeline, the step on the device's clock: the time it ran
+	// the op kernels (DeviceBusyMS), the time it stood idle because the
+	// host had not queued the next kernel yet (HostStallMS) and idle with
+	// the kernel queued, waiting for an event such as a copy back
+	// (DeviceStallMS), and the longest of those stalls.
+	DeviceBusyMS  float64 `json:"device_busy_ms,omitempty"`
+	HostStallMS   float64 `json:"host_stall_ms,omitempty"`
+	DeviceStallMS float64 `json:"device_stall_ms,omitempty"`
+	WorstStalls   []Stall `json:"worst_stalls,omitempty"`
 }
 
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
@@ -472,6 +487,11 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		ok = mre.Recomputable(it)
 	}
 	var op chameleon.Op
+	var issuedAt []int64
+	tl := r.timing != nil && r.timing.Timeline != nil
+	if tl {
+		issuedAt = make([]int64, len(it.Ops))
+	}
 	for i := range it.Ops {
 		o := &it.Ops[i]
 		for _, id := range frees[i] {
@@ -515,7 +535,12 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 				r.verify(id, i)
 			}
 		}
-		if err := r.kernel(k, i); err != nil {
+		if tl {
+			issuedAt[i] = int64(time.Since(start))
+			if err := r.timing.Timeline.Launch(e.ComputeStream(), usDuration(r.times[k][i]), i); err != nil {
+				return fmt.Errorf("op %d: kernel: %w", i, err)
+			}
+		} else if err := r.kernel(k, i); err != nil {
 			return err
 		}
 		// A view's output is its input's storage, unchanged; every other
@@ -556,6 +581,22 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 	if r.timing != nil {
 		ir.OpTimes, ir.KernelMS, ir.UnlimitedMS, ir.MeasuredMS = r.bases[k], sum(r.times[k])/1000, r.unlimited[k], measured
 		ir.IssuedMS = issued
+	}
+	if tl {
+		st, err := r.timing.Timeline.Stamps(len(it.Ops))
+		if err != nil {
+			return fmt.Errorf("timeline: %w", err)
+		}
+		names := make([]string, len(it.Ops))
+		for i := range it.Ops {
+			names[i] = it.Ops[i].Name
+		}
+		sp := spans(names, issuedAt, st)
+		stallsOf(&ir, sp, 5)
+		if ir.Stage == "STABLE" || !strings.HasSuffix(r.rep.TimelineOf, "STABLE") {
+			r.rep.Timeline = sp
+			r.rep.TimelineOf = fmt.Sprintf("round %d iteration %d, %s", r.round, it.Index, ir.Stage)
+		}
 	}
 	st := e.Stats()
 	ir.HostWaits, ir.Maps = st.HostWaits-r.hostWaits, st.Maps-r.maps

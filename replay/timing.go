@@ -32,6 +32,12 @@ type Timing struct {
 	// trace id is a multiple of it when an op produces it, and checks it at
 	// each of its uses (and at each recompute). 0 checks nothing.
 	VerifyEvery int
+	// Timeline, when set, launches the op kernels instead of Launch and
+	// stamps them on the device's clock: each iteration's report then says
+	// where the device stood idle and why (IterationReport.HostStallMS,
+	// DeviceStallMS), and Report.Timeline holds one iteration's ops.
+	// Launch still runs the unlimited steps and the recomputes.
+	Timeline Timeline
 }
 
 // DefaultVerifyEvery is the sampling of --verify under --timing: the

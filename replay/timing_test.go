@@ -21,12 +21,21 @@ import (
 // time, each op a host kernel of its time.
 func timed(t *testing.T, tr *trace.Trace, scale int64, rounds int, tm replay.Timing, cfg replay.Config) (*replay.Report, *host.Device) {
 	t.Helper()
+	return timedOn(t, tr, scale, rounds, func(dev *host.Device) replay.Timing {
+		tm.Launch = replay.HostKernel(dev)
+		return tm
+	}, cfg)
+}
+
+// timedOn is timed with the Timing made for the host device.
+func timedOn(t *testing.T, tr *trace.Trace, scale int64, rounds int, timing func(*host.Device) replay.Timing, cfg replay.Config) (*replay.Report, *host.Device) {
+	t.Helper()
 	limit := replay.PeakBytes(tr) / scale * 8 / 10
 	l := replay.HostLink(scale)
 	dev, err := host.New(limit, host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
 	require.NoError(t, err)
 	t.Cleanup(func() { dev.Close() })
-	tm.Launch = replay.HostKernel(dev)
+	tm := timing(dev)
 	d := seq.DefaultConfig()
 	d.M, d.N = 2, 1
 	cfg.Scale, cfg.Rounds, cfg.Limit, cfg.Timing = scale, rounds, limit, &tm

@@ -40,6 +40,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
 	mapping := fs.Bool("mapping", true, "--device cuda: page-mapped allocation (the driver's virtual memory management) where the driver has it; false reserves one plain segment")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replay to `file` (go tool pprof): where the host's time per op goes")
+	timeline := fs.String("timeline", "", "with --timing: stamp every op kernel on the device's clock, report where the device stood idle and why (host_stall_ms, device_stall_ms), and write one STABLE iteration's timeline to `file` (Chrome trace JSON, opens in Perfetto)")
 	verify := fs.Bool("verify", false, fmt.Sprintf("with --timing: check the bytes of every %dth storage at each use (they are not checked otherwise)", replay.DefaultVerifyEvery))
 	cfg := detectionFlags(fs)
 	if err := parseArgs(fs, args); err != nil {
@@ -47,6 +48,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := checkReplayFlags(tf, *limitS, *scale, *rounds, *devName, *cfg); err != nil {
 		return err
+	}
+	if *timeline != "" && !*timing {
+		return usagef("--timeline stamps the kernels of a timed replay: it needs --timing")
 	}
 	if *verify && !*timing {
 		return usagef("--verify samples the bytes a timed replay checks: it needs --timing (without it every use is checked)")
@@ -126,6 +130,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		dev, peakOf = h, h.PeakAllocated
 		if tm != nil {
 			tm.Launch = replay.HostKernel(h)
+			if *timeline != "" {
+				tm.Timeline = replay.HostTimeline(h, maxOps(tr))
+			}
 		}
 	case "cuda":
 		var copts []cuda.Option
@@ -150,6 +157,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			sp.Close()
 		}()
 		tm.Launch = func(s device.Stream, d time.Duration) error { return sp.Spin(s, d.Nanoseconds()) }
+		if *timeline != "" {
+			ct, err := newCUDATimeline(c, sp, maxOps(tr))
+			if err != nil {
+				return err
+			}
+			defer ct.close()
+			tm.Timeline = ct
+		}
 	}
 	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: append(opts, extra...),
 		Recompute: *recompute, PolicyFile: *policyFile, Timing: tm, Kernels: kernels, KernelsFrom: kpath}
@@ -206,12 +221,18 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		if rep.Timing {
 			head += "measured ms\tissued ms\thost waits\tunlimited ms\tkernels ms\top times\t"
 		}
+		if tm != nil && tm.Timeline != nil {
+			head += "device busy ms\tidle on host ms\tidle queued ms\t"
+		}
 		fmt.Fprintln(tw, head)
 		for _, x := range rep.PerIteration {
 			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t", x.Round, x.Iter, x.Stage, x.PlannedSwaps, x.PlannedRecomputes,
 				x.OnDemandSwapIns, x.Evictions, x.DeferredPrefetches, x.SwappedBytes, x.SimulatedMS)
 			if rep.Timing {
 				fmt.Fprintf(tw, "%.2f\t%.2f\t%d\t%.2f\t%.2f\t%s\t", x.MeasuredMS, x.IssuedMS, x.HostWaits, x.UnlimitedMS, x.KernelMS, x.OpTimes)
+			}
+			if tm != nil && tm.Timeline != nil {
+				fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t", x.DeviceBusyMS, x.HostStallMS, x.DeviceStallMS)
 			}
 			fmt.Fprintln(tw)
 		}
@@ -223,6 +244,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			}
 			fmt.Fprintf(stdout, "; forced evictions %d, on-demand swap-ins %d\n", s.Evictions, s.OnDemandSwapIns)
 		}
+	}
+	if *timeline != "" {
+		if err := writeTimeline(*timeline, rep); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "wrote %s (%s)\n", *timeline, rep.TimelineOf)
 	}
 	if rep.FailedUses > 0 {
 		return fmt.Errorf("%d uses read bytes that differ from what was written: %s", rep.FailedUses, strings.Join(rep.Failures, "; "))

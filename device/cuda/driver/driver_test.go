@@ -178,7 +178,13 @@ func TestSpin(t *testing.T) {
 	require.NoError(t, s.Spin(78, 0))
 	require.NoError(t, s.Spin(78, -5))
 	assert.Equal(t, before+1, h.launches(), "no kernel for no time")
-	allocs := testing.AllocsPerRun(100, func() { _ = s.Spin(3, 1000) })
+	require.NoError(t, s.SpinAt(79, 2500, 0x1000))
+	assert.EqualValues(t, 2500, h.lastNS())
+	assert.EqualValues(t, 79, h.lastStream())
+	require.NoError(t, s.SpinAt(79, -3, 0x1000))
+	assert.Equal(t, before+3, h.launches(), "a stamped kernel of no time still runs")
+	assert.Zero(t, h.lastNS())
+	allocs := testing.AllocsPerRun(100, func() { _ = s.Spin(3, 1000); _ = s.SpinAt(3, 1000, 0x1000) })
 	if !raceEnabled {
 		assert.Zero(t, allocs)
 	}
@@ -186,6 +192,7 @@ func TestSpin(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
 	assert.ErrorIs(t, s.Spin(77, 10), device.ErrClosed)
+	assert.ErrorIs(t, s.SpinAt(77, 10, 0x1000), device.ErrClosed)
 }
 
 func TestSpinCompileError(t *testing.T) {

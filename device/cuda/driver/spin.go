@@ -14,6 +14,10 @@ import (
 // timer (nanoseconds) until ns have passed since it started. It occupies
 // one warp slot of one SM, so it orders the stream it runs on for its time
 // without competing with copies for the link.
+//
+// chameleon_spin_at does the same and writes when it started and ended
+// (the global timer's nanoseconds) into at[0] and at[1]: a timeline of the
+// stream's work on the device's own clock.
 const SpinSource = `
 extern "C" __global__ void chameleon_spin(unsigned long long ns) {
 	unsigned long long start, now;
@@ -22,10 +26,22 @@ extern "C" __global__ void chameleon_spin(unsigned long long ns) {
 		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
 	} while (now - start < ns);
 }
+extern "C" __global__ void chameleon_spin_at(unsigned long long ns, unsigned long long *at) {
+	unsigned long long start, now;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+	do {
+		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+	} while (now - start < ns);
+	at[0] = start;
+	at[1] = now;
+}
 `
 
-// SpinKernel is the kernel's name in SpinSource.
-const SpinKernel = "chameleon_spin"
+// SpinKernel and SpinAtKernel are the kernels' names in SpinSource.
+const (
+	SpinKernel   = "chameleon_spin"
+	SpinAtKernel = "chameleon_spin_at"
+)
 
 // DefaultArch is the architecture NVRTC compiles for unless told
 // otherwise: compute_90 (H100, H200); the driver compiles the PTX for the
@@ -34,9 +50,10 @@ const DefaultArch = "compute_90"
 
 // Spinner launches the spin kernel, compiled once.
 type Spinner struct {
-	c   *Context
-	mod *Module
-	fn  Function
+	c    *Context
+	mod  *Module
+	fn   Function
+	fnAt Function
 
 	mu     sync.Mutex
 	closed bool
@@ -47,8 +64,10 @@ type Spinner struct {
 }
 
 type spinScratch struct {
-	ns  uint64
-	ptr [1]unsafe.Pointer
+	ns    uint64
+	at    uint64 // chameleon_spin_at's device pointer
+	ptr   [1]unsafe.Pointer
+	ptrAt [2]unsafe.Pointer
 }
 
 // NewSpinner compiles SpinSource with nv for arch (DefaultArch when
@@ -69,9 +88,14 @@ func NewSpinner(c *Context, nv *NVRTC, arch string) (*Spinner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spin: %w", errors.Join(err, mod.Unload()))
 	}
-	s := &Spinner{c: c, mod: mod, fn: fn, sc: new(spinScratch)}
+	fnAt, err := mod.Function(SpinAtKernel)
+	if err != nil {
+		return nil, fmt.Errorf("spin: %w", errors.Join(err, mod.Unload()))
+	}
+	s := &Spinner{c: c, mod: mod, fn: fn, fnAt: fnAt, sc: new(spinScratch)}
 	s.pin.Pin(s.sc)
 	s.sc.ptr[0] = unsafe.Pointer(&s.sc.ns)
+	s.sc.ptrAt[0], s.sc.ptrAt[1] = unsafe.Pointer(&s.sc.ns), unsafe.Pointer(&s.sc.at)
 	return s, nil
 }
 
@@ -90,6 +114,23 @@ func (s *Spinner) Spin(stream device.Stream, ns int64) error {
 	}
 	s.sc.ns = uint64(ns)
 	if err := s.c.Launch(s.fn, Dim{1, 1, 1}, Dim{1, 1, 1}, 0, stream, unsafe.Pointer(&s.sc.ptr[0])); err != nil {
+		return fmt.Errorf("spin %d ns on stream %#x: %w", ns, uintptr(stream), err)
+	}
+	return nil
+}
+
+// SpinAt is Spin that also writes, into the two 64-bit words of device
+// memory at at, the global timer's nanoseconds when the kernel started and
+// when it ended. It launches for ns <= 0 too (a kernel of no time), so
+// every call leaves its stamps. It makes no allocation.
+func (s *Spinner) SpinAt(stream device.Stream, ns int64, at device.DevPtr) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("spin: %w", device.ErrClosed)
+	}
+	s.sc.ns, s.sc.at = uint64(max(ns, 0)), uint64(at)
+	if err := s.c.Launch(s.fnAt, Dim{1, 1, 1}, Dim{1, 1, 1}, 0, stream, unsafe.Pointer(&s.sc.ptrAt[0])); err != nil {
 		return fmt.Errorf("spin %d ns on stream %#x: %w", ns, uintptr(stream), err)
 	}
 	return nil

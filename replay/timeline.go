@@ -1,0 +1,173 @@
+package replay
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/host"
+)
+
+// Timeline stamps the op kernels of a timed replay on the device's own
+// clock, so that a step's time splits into what the device ran and where
+// it stood idle, and why: waiting for the host to queue the next kernel, or
+// waiting with the kernel queued (for a copy back, an event, a recompute).
+type Timeline interface {
+	// Launch queues on stream a kernel that runs for d and records, in
+	// slot, when it started and ended on the device.
+	Launch(stream device.Stream, d time.Duration, slot int) error
+	// Stamps returns the stamps of slots [0, n), once the stream they were
+	// queued on has synchronized; nanoseconds of one clock.
+	Stamps(n int) ([]Stamp, error)
+}
+
+// Stamp is one kernel's start and end on the device, nanoseconds.
+type Stamp struct{ Start, End int64 }
+
+// HostTimeline is Timeline on the host backend: each kernel is a function
+// queued with d.Launch (like HostKernel) that reads the host's clock when
+// the stream's goroutine starts and ends it. It holds up to n slots.
+func HostTimeline(d *host.Device, n int) Timeline {
+	return &hostTimeline{d: d, st: make([]Stamp, n)}
+}
+
+type hostTimeline struct {
+	d  *host.Device
+	mu sync.Mutex
+	st []Stamp
+}
+
+func (h *hostTimeline) Launch(s device.Stream, t time.Duration, slot int) error {
+	if slot < 0 || slot >= len(h.st) {
+		return fmt.Errorf("timeline: slot %d of %d: %w", slot, len(h.st), device.ErrInvalidValue)
+	}
+	return h.d.Launch(s, func() {
+		start := time.Now().UnixNano()
+		Wait(t)
+		end := time.Now().UnixNano()
+		h.mu.Lock()
+		h.st[slot] = Stamp{start, end}
+		h.mu.Unlock()
+	})
+}
+
+func (h *hostTimeline) Stamps(n int) ([]Stamp, error) {
+	if n < 0 || n > len(h.st) {
+		return nil, fmt.Errorf("timeline: %d stamps of %d: %w", n, len(h.st), device.ErrInvalidValue)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.st[:n]), nil
+}
+
+// stallFloor is the shortest idle stretch between two kernels counted as a
+// stall: below it, the device's own launch gap.
+const stallFloor = 2 * time.Microsecond
+
+// OpSpan is one op of a stamped iteration, microseconds from the start of
+// its first kernel on the device: when the host queued the kernel
+// (IssuedUS, on the device's clock through the first kernel, whose device
+// is idle when it is queued), when it ran, and how long the device stood
+// idle before it, split into the part the host had not queued it yet
+// (HostStallUS) and the rest (DeviceStallUS: queued, waiting for an event
+// such as a copy back).
+type OpSpan struct {
+	Op                         int
+	Name                       string
+	IssuedUS, StartUS, EndUS   float64
+	HostStallUS, DeviceStallUS float64
+}
+
+// Stall is one of an iteration's longest idle stretches of the device.
+type Stall struct {
+	Op     int     `json:"op"`
+	Name   string  `json:"name"`
+	MS     float64 `json:"ms"`
+	OnHost bool    `json:"on_host"` // the host had not queued the op's kernel yet
+}
+
+// spans lines the host's issue times (ns from Begin) up with the device's
+// stamps of the same kernels: the first kernel is queued on an idle device,
+// so its start less its issue time is the offset between the two clocks
+// (plus one launch latency, which every issue time then carries too).
+func spans(names []string, issued []int64, st []Stamp) []OpSpan {
+	if len(st) == 0 {
+		return nil
+	}
+	t0 := st[0].Start
+	off := st[0].Start - issued[0]
+	out := make([]OpSpan, len(st))
+	prevEnd := t0
+	for i, s := range st {
+		sp := OpSpan{Op: i, Name: names[i], IssuedUS: float64(issued[i]+off-t0) / 1e3,
+			StartUS: float64(s.Start-t0) / 1e3, EndUS: float64(s.End-t0) / 1e3}
+		if gap := s.Start - prevEnd; gap > int64(stallFloor) {
+			host := min(max(issued[i]+off-prevEnd, 0), gap)
+			sp.HostStallUS, sp.DeviceStallUS = float64(host)/1e3, float64(gap-host)/1e3
+		}
+		prevEnd = max(prevEnd, s.End)
+		out[i] = sp
+	}
+	return out
+}
+
+// stallsOf sums an iteration's stamped spans into its report: the time the
+// device ran kernels, its idle time by cause, and the worst stalls.
+func stallsOf(ir *IterationReport, sp []OpSpan, worst int) {
+	var busy, hostS, devS float64
+	var all []Stall
+	for _, s := range sp {
+		busy += s.EndUS - s.StartUS
+		hostS += s.HostStallUS
+		devS += s.DeviceStallUS
+		if g := s.HostStallUS + s.DeviceStallUS; g > 0 {
+			all = append(all, Stall{Op: s.Op, Name: s.Name, MS: g / 1e3, OnHost: s.HostStallUS >= s.DeviceStallUS})
+		}
+	}
+	slices.SortStableFunc(all, func(a, b Stall) int { return cmp.Compare(b.MS, a.MS) })
+	ir.DeviceBusyMS, ir.HostStallMS, ir.DeviceStallMS = busy/1e3, hostS/1e3, devS/1e3
+	ir.WorstStalls = all[:min(worst, len(all))]
+}
+
+// WriteTimeline writes an iteration's stamped spans as Chrome trace JSON
+// (opens in Perfetto): the device's kernels on one track, its stalls on
+// another named by their cause, and the host's queueing on a third.
+func WriteTimeline(w io.Writer, title string, sp []OpSpan) error {
+	type ev struct {
+		Name string         `json:"name"`
+		Ph   string         `json:"ph"`
+		PID  int            `json:"pid"`
+		TID  int            `json:"tid"`
+		TS   float64        `json:"ts"`
+		Dur  float64        `json:"dur,omitempty"`
+		Args map[string]any `json:"args,omitempty"`
+	}
+	evs := []ev{
+		{Name: "process_name", Ph: "M", PID: 1, Args: map[string]any{"name": title}},
+		{Name: "thread_name", Ph: "M", PID: 1, TID: 1, Args: map[string]any{"name": "device: kernels"}},
+		{Name: "thread_name", Ph: "M", PID: 1, TID: 2, Args: map[string]any{"name": "device: idle"}},
+		{Name: "thread_name", Ph: "M", PID: 1, TID: 3, Args: map[string]any{"name": "host: queueing"}},
+	}
+	for i, s := range sp {
+		evs = append(evs, ev{Name: s.Name, Ph: "X", PID: 1, TID: 1, TS: s.StartUS, Dur: s.EndUS - s.StartUS,
+			Args: map[string]any{"op": s.Op}})
+		if s.HostStallUS > 0 {
+			evs = append(evs, ev{Name: "waiting for the host", Ph: "X", PID: 1, TID: 2,
+				TS: s.StartUS - s.HostStallUS - s.DeviceStallUS, Dur: s.HostStallUS, Args: map[string]any{"op": s.Op}})
+		}
+		if s.DeviceStallUS > 0 {
+			evs = append(evs, ev{Name: "waiting queued (copy or event)", Ph: "X", PID: 1, TID: 2,
+				TS: s.StartUS - s.DeviceStallUS, Dur: s.DeviceStallUS, Args: map[string]any{"op": s.Op}})
+		}
+		if i+1 < len(sp) {
+			evs = append(evs, ev{Name: s.Name, Ph: "X", PID: 1, TID: 3, TS: s.IssuedUS, Dur: max(sp[i+1].IssuedUS-s.IssuedUS, 0),
+				Args: map[string]any{"op": s.Op}})
+		}
+	}
+	return json.NewEncoder(w).Encode(map[string]any{"traceEvents": evs, "displayTimeUnit": "ms"})
+}

@@ -1,0 +1,41 @@
+package replay
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestSpansSplitIdleTimeByCause: the clocks line up on the first kernel; a
+// gap before a kernel the host queued late is the host's, up to the gap; a
+// gap with the kernel long queued is the device's (an event); both can
+// share one gap; the launch gap under stallFloor is no stall.
+func TestSpansSplitIdleTimeByCause(t *testing.T) {
+	names := []string{"a", "b", "c", "d", "e"}
+	// Host clock: issue times in ns from Begin; the device's clock is
+	// 1e9 ahead, plus a 5 us launch latency.
+	issued := []int64{0, 10_000, 200_000, 210_000, 600_000}
+	st := []Stamp{
+		{1e9 + 5_000, 1e9 + 105_000},   // a: 100 us
+		{1e9 + 106_000, 1e9 + 150_000}, // b: 1 us after a, queued long before: no stall
+		{1e9 + 205_000, 1e9 + 250_000}, // c: issued at 200 (+5): 55 us of host stall
+		{1e9 + 300_000, 1e9 + 310_000}, // d: issued at 210, idle 50 us queued: the device's
+		{1e9 + 700_000, 1e9 + 710_000}, // e: issued at 600 (+5): 295 us host, 95 us queued
+	}
+	sp := spans(names, issued, st)
+	assert.InDelta(t, 0, sp[0].StartUS, 1e-9)
+	assert.InDelta(t, 0, sp[0].IssuedUS, 1e-9)
+	assert.Zero(t, sp[1].HostStallUS+sp[1].DeviceStallUS)
+	assert.InDelta(t, 55, sp[2].HostStallUS, 1e-9)
+	assert.Zero(t, sp[2].DeviceStallUS)
+	assert.Zero(t, sp[3].HostStallUS)
+	assert.InDelta(t, 50, sp[3].DeviceStallUS, 1e-9)
+	assert.InDelta(t, 295, sp[4].HostStallUS, 1e-9)
+	assert.InDelta(t, 95, sp[4].DeviceStallUS, 1e-9)
+	var ir IterationReport
+	stallsOf(&ir, sp, 2)
+	assert.InDelta(t, (100+44+45+10+10)/1e3, ir.DeviceBusyMS, 1e-9)
+	assert.InDelta(t, (55+295)/1e3, ir.HostStallMS, 1e-9)
+	assert.InDelta(t, (50+95)/1e3, ir.DeviceStallMS, 1e-9)
+	assert.Equal(t, []Stall{{Op: 4, Name: "e", MS: 0.39, OnHost: true}, {Op: 2, Name: "c", MS: 0.055, OnHost: true}}, ir.WorstStalls)
+}
