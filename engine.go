@@ -185,6 +185,9 @@ type Engine struct {
 	onClose []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
+	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
+	// next plan leaves headroom for growth (plan.Input.Growing).
+	outgrown bool
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -200,11 +203,16 @@ type Detector interface {
 
 // Stats are the Engine's running totals.
 type Stats struct {
-	Iterations      int
-	Replans         int   // policies planned from a detailed profile
-	CacheHits       int   // policies reused from the cache on a sequence seen before
-	StaleDrops      int   // cached policies dropped because their tensors no longer matched
-	PolicyUpdates   int   // cached policies updated to another limit, link or device (a differential update, not a replan)
+	Iterations    int
+	Replans       int // policies planned from a detailed profile
+	CacheHits     int // policies reused from the cache on a sequence seen before
+	StaleDrops    int // cached policies dropped because their tensors no longer matched
+	PolicyUpdates int // cached policies updated to another limit, link or device (a differential update, not a replan)
+	// Outgrown counts policies an iteration outgrew: its bytes grew past
+	// the profile they were planned from and it forced evictions past a
+	// twentieth of the planned swaps. Each is planned again from the next
+	// iteration's profile, staying STABLE (a decode loop's growing cache).
+	Outgrown        int
 	Infeasible      int   // planning runs that found no plan under the limit
 	SwapsOut        int64 // copies to the host (planned and on demand)
 	SwapsIn         int64

@@ -330,6 +330,7 @@ func (it *Iteration) End() Result {
 		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
 	if p := e.policy; p != nil {
 		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
+		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps)
 		r.Matched = p.matched
 	}
 	d := e.life.end(obs)
@@ -339,6 +340,10 @@ func (it *Iteration) End() Result {
 	if d.stale {
 		e.cache.drop(e.policy.key)
 		e.stats.StaleDrops++
+	}
+	if d.outgrown {
+		e.stats.Outgrown++
+		e.outgrown = true // its replacement is planned with headroom
 	}
 	if d.adopt {
 		e.policy = e.cache.get(key, e.cfg.detect.MaxMemoryDelta)
@@ -363,6 +368,7 @@ func (it *Iteration) End() Result {
 		} else {
 			e.policy = pol
 			e.cache.put(pol)
+			e.outgrown = false
 			r.Planned = true
 			e.stats.Replans++
 			if d.adoptPlanned {

@@ -15,7 +15,12 @@ import "github.com/chameleon-go/chameleon/seq"
 // profiled once the detector leaves WARMUP, or, when it keeps coming back
 // without ever holding M iterations in a row (fp16 skipped steps
 // alternating with real ones), when it is expected next and has been seen
-// M times. A sequence whose planning failed is not planned again.
+// M times. A sequence whose planning failed is not planned again. A policy
+// the iteration outgrew (its bytes grew and the executor had to force
+// evictions past a twentieth of the planned swaps: a decode loop's KV cache
+// a position longer every step) stays in force and in the cache while the
+// next iteration is profiled and planned to replace it, again with no
+// return to WARMUP.
 type lifecycle struct {
 	m          int     // iterations a sequence must be seen before it is planned
 	memDelta   float64 // two signatures are one sequence within this byte delta
@@ -69,14 +74,20 @@ type observation struct {
 	swaps, matched int
 	profiled       bool // the iteration was profiled in detail
 	cached         bool // the cache holds a policy for key
+	// outgrown: the iteration's bytes grew past those the policy in force
+	// was planned for, and it forced evictions (see outgrew).
+	outgrown bool
 }
 
 // decision is what the Engine does after an iteration, in field order.
 type decision struct {
 	drop  bool // stop applying the policy in force: the sequence changed
 	stale bool // the policy in force leaves the cache: too few of its tensors match
-	adopt bool // apply the cached policy for the iteration's key; the detector adopts it
-	plan  bool // plan from this iteration's profile, then report with planned
+	// outgrown: the policy in force no longer holds the iteration's bytes;
+	// the next iteration is profiled to replace it (counted once).
+	outgrown bool
+	adopt    bool // apply the cached policy for the iteration's key; the detector adopts it
+	plan     bool // plan from this iteration's profile, then report with planned
 	// adoptPlanned: once planned, the detector adopts the policy (a
 	// recurring sequence: no warm-up needed).
 	adoptPlanned bool
@@ -100,6 +111,9 @@ func (l *lifecycle) end(o observation) decision {
 		case o.swaps > 0 && float64(o.matched) < l.staleMatch*float64(o.swaps):
 			d.stale = !l.refresh // leaves the cache once
 			l.refresh = true
+		case o.outgrown:
+			d.outgrown = !l.refresh
+			l.refresh = true
 		}
 	}
 	if !inForce && o.cached {
@@ -111,6 +125,14 @@ func (l *lifecycle) end(o observation) decision {
 		d.plan, d.adoptPlanned = true, o.changed
 	}
 	return d
+}
+
+// outgrew reports whether an iteration outgrew the policy in force: its
+// allocated bytes above those of the profile the policy was planned from,
+// and more forced evictions than a twentieth of the planned swaps (any, for
+// a policy of none).
+func outgrew(bytes, plannedBytes, evictions int64, swaps int) bool {
+	return bytes > plannedBytes && evictions > int64(swaps)/20
 }
 
 // planned reports how the planning that end asked for went: a sequence

@@ -57,6 +57,15 @@ func TestLifecycleEnd(t *testing.T) {
 			give: observation{key: keyA, policy: true, swaps: 4, matched: 1, profiled: true}, want: decision{plan: true}},
 		{name: "already stale, now matching: still replaced", seen: []policyKey{keyA, keyA}, stale: true,
 			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, profiled: true}, want: decision{plan: true}},
+		{name: "outgrown: stays in force, the next iteration is profiled", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, outgrown: true}, want: decision{outgrown: true}},
+		{name: "outgrown and profiled: the profile replaces it", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, outgrown: true, profiled: true},
+			want: decision{outgrown: true, plan: true}},
+		{name: "outgrown while already being replaced: counted once", seen: []policyKey{keyA, keyA}, stale: true,
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, outgrown: true, profiled: true}, want: decision{plan: true}},
+		{name: "a changed sequence is dropped, not outgrown", seen: []policyKey{keyA},
+			give: observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 4, outgrown: true}, want: decision{drop: true}},
 		{name: "a policy with no swaps is never stale", seen: []policyKey{keyA, keyA},
 			give: observation{key: keyA, policy: true, profiled: true}},
 		{name: "failed planning is not retried", seen: []policyKey{keyA, keyA}, fail: true,
@@ -132,4 +141,16 @@ func TestLifecycleProfile(t *testing.T) {
 	l.planned(false) // keyB
 	l.end(observation{key: keyA})
 	assert.False(t, l.profile(true, seq.Stable, none), "keyB failed: not profiled again")
+}
+
+// TestOutgrew: an iteration outgrows its policy when its bytes grew past
+// the profile's and it forced more evictions than a twentieth of the
+// planned swaps; a policy of no swaps, by any eviction.
+func TestOutgrew(t *testing.T) {
+	assert.True(t, outgrew(1010, 1000, 1, 0))
+	assert.False(t, outgrew(1000, 1000, 5, 0), "the bytes did not grow: not outgrown")
+	assert.False(t, outgrew(990, 1000, 5, 0))
+	assert.False(t, outgrew(1010, 1000, 0, 0), "no eviction")
+	assert.False(t, outgrew(1010, 1000, 2, 40), "2 evictions against 40 planned swaps")
+	assert.True(t, outgrew(1010, 1000, 3, 40))
 }

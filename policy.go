@@ -194,7 +194,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	if slices.Contains(hostRecompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
 	}
-	res, err := plan.Make(plan.Input{Iter: it, Limit: e.cfg.limit,
+	res, err := plan.Make(plan.Input{Iter: it, Limit: e.cfg.limit, Growing: e.outgrown,
 		LiveOut: func(id trace.TensorID) bool { return live[id] != nil }}, opts...)
 	if err != nil {
 		return nil, res, err

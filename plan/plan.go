@@ -91,6 +91,11 @@ type Input struct {
 	LiveOut memory.LiveOutFunc
 	// Limit is the device bytes the iteration must fit in.
 	Limit int64
+	// Growing says the iteration's bytes are growing from one to the next
+	// (a decode loop's cache): the tiers below the limit are planned for
+	// even when the curve is under it, so that the policy holds as the
+	// bytes grow instead of being outgrown at once.
+	Growing bool
 }
 
 // Result is a checked policy and what it was planned from.
@@ -162,7 +167,7 @@ func Make(in Input, opts ...Option) (*Result, error) {
 		}
 	}
 	tiers := cfg.tiers
-	if slices.Max(r.Curve) <= in.Limit {
+	if slices.Max(r.Curve) <= in.Limit && !in.Growing {
 		// Nothing to move: headroom below the limit would only cost swaps.
 		tiers = []int{100}
 	}

@@ -78,6 +78,9 @@ type Report struct {
 	// PolicyUpdates counts cached policies updated to this run's limit,
 	// link or device (differential updates, not replans).
 	PolicyUpdates int `json:"policy_updates"`
+	// Outgrown counts policies an iteration outgrew (Stats.Outgrown),
+	// each planned again from the next iteration without a warm-up.
+	Outgrown int `json:"outgrown"`
 	// PolicyFileError is why the policy file was not used, if it was not.
 	PolicyFileError string   `json:"policy_file_error,omitempty"`
 	Stages          []string `json:"stages"`
@@ -407,6 +410,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep.Evictions = st.Evictions
 	rep.KeptSwapOuts, rep.KeptBytes = st.KeptEvictions, st.KeptBytes
 	rep.PolicyUpdates = st.PolicyUpdates
+	rep.Outgrown = st.Outgrown
 	if cfg.PolicyFile != "" {
 		if err := eng.SavePolicyFile(cfg.PolicyFile); err != nil {
 			return rep, fmt.Errorf("replay: %w", err)
