@@ -230,6 +230,8 @@ type Stats struct {
 	// queued work to unmap a range. All three stay flat once a policy runs
 	// as planned; a host wait stalls the host's queueing of work.
 	Maps, Unmaps, HostWaits int64
+	// MappedPages counts the pages those maps mapped (device.Stats).
+	MappedPages int64
 	// KeptEvictions counts swap-outs (in SwapsOut) of parameters and
 	// optimizer state whose host copy was still current (no op had written
 	// them since they came back): device memory released, nothing copied;
@@ -339,6 +341,7 @@ func (e *Engine) Stats() Stats {
 	a := e.alloc.Stats()
 	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated
 	s.Maps, s.Unmaps, s.HostWaits = a.Maps, a.Unmaps, a.HostWaits
+	s.MappedPages = a.MappedPages
 	s.HostBytes = e.pool.Stats().Allocated
 	return s
 }

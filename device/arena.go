@@ -407,4 +407,8 @@ type Stats struct {
 	InPages      int64
 	Maps, Unmaps int64
 	HostWaits    int64
+	// MappedPages and UnmappedPages count the pages those calls mapped and
+	// unmapped (the budget mapped up front is not counted): each costs
+	// driver time, tens of microseconds on CUDA.
+	MappedPages, UnmappedPages int64
 }

@@ -326,6 +326,7 @@ func (p *pool) back(b *block) error {
 		}
 		pm.setMapped(i, j, true)
 		p.a.mappedPages += int64(j - i)
+		p.pagesIn += int64(j - i)
 		i = j
 	}
 	return nil
@@ -423,6 +424,7 @@ func (p *pool) unmapCached(seg *segment, lo, hi int, n int64) (int64, error) {
 		}
 		pm.setMapped(i, j, false)
 		p.a.mappedPages -= int64(j - i)
+		p.pagesOut += int64(j - i)
 		got += int64(j - i)
 		i = j
 	}

@@ -195,6 +195,8 @@ func TestMappedServesLargeBlockFragmented(t *testing.T) {
 	assert.LessOrEqual(t, d.PeakAllocated(), int64(limit), "the device never holds more than the limit")
 	assert.Positive(t, st.Unmaps)
 	assert.Zero(t, st.HostWaits)
+	assert.Positive(t, st.MappedPages, "the pages the block found unmapped were mapped")
+	assert.Equal(t, st.MappedPages, st.UnmappedPages, "each page mapped took one page of the budget from elsewhere")
 
 	// Freed, the block's pages are reused in place: no more device calls.
 	require.NoError(t, a.Free(p))

@@ -76,6 +76,7 @@ type pool struct {
 	mapper              Mapper
 	page, space         int64
 	maps, unmaps, syncs int64
+	pagesIn, pagesOut   int64
 
 	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
 	// that wait on them; free holds the indices no block refers to.
@@ -290,6 +291,7 @@ func (p *pool) stats() Stats {
 		s.Mapped = p.a.mappedPages * p.page
 		s.InPages = p.a.usedPages * p.page
 		s.Maps, s.Unmaps, s.HostWaits = p.maps, p.unmaps, p.syncs
+		s.MappedPages, s.UnmappedPages = p.pagesIn, p.pagesOut
 		s.LargestFree = min(s.LargestFree, (p.a.budget-p.a.usedPages)*p.page)
 		s.Fragmentation = 0
 		if s.Free > 0 {

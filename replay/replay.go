@@ -141,6 +141,8 @@ type IterationReport struct {
 	// during the iteration (Engine Stats): both 0 once a policy runs.
 	HostWaits int64 `json:"host_waits"`
 	Maps      int64 `json:"maps"`
+	// MappedPages is the pages those maps mapped.
+	MappedPages int64 `json:"mapped_pages"`
 	// With Timing.Timeline, the step on the device's clock: the time it ran
 	// the op kernels (DeviceBusyMS), the time it stood idle because the
 	// host had not queued the next kernel yet (HostStallMS) and idle with
@@ -444,7 +446,7 @@ type runner struct {
 	recompute bool
 	round     int // the round being replayed
 	// the Engine's allocator counters at the end of the last iteration
-	hostWaits, maps int64
+	hostWaits, maps, pages int64
 	// A timed replay (Config.Timing): the op times of each trace iteration
 	// (µs), where they come from, the Engine's estimator of them and each
 	// iteration's kernels alone (ms).
@@ -603,8 +605,8 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		}
 	}
 	st := e.Stats()
-	ir.HostWaits, ir.Maps = st.HostWaits-r.hostWaits, st.Maps-r.maps
-	r.hostWaits, r.maps = st.HostWaits, st.Maps
+	ir.HostWaits, ir.Maps, ir.MappedPages = st.HostWaits-r.hostWaits, st.Maps-r.maps, st.MappedPages-r.pages
+	r.hostWaits, r.maps, r.pages = st.HostWaits, st.Maps, st.MappedPages
 	r.rep.PerIteration = append(r.rep.PerIteration, ir)
 	r.rep.Stages = append(r.rep.Stages, res.Stage.String())
 	if res.PlanError != nil {

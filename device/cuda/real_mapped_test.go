@@ -148,3 +148,52 @@ func BenchmarkRealSpinLaunch(b *testing.B) {
 	b.StopTimer()
 	require.NoError(b, d.SyncStream(0))
 }
+
+// TestRealMappingGranule times one mapping of a large physical allocation
+// against the same bytes as 2 MiB pages: whether the driver's costs go by
+// mapping or by page.
+func TestRealMappingGranule(t *testing.T) {
+	d := newRealMapped(t)
+	defer d.Close()
+	ctx, err := d.Context()
+	require.NoError(t, err)
+	page := d.PageSize()
+	m := d.vmm
+	drv := ctx.Driver()
+	for _, chunk := range []int64{page, 8 * page, 32 * page, 256 * page} {
+		const total = 512
+		n := int(total * page / chunk)
+		p, err := d.ReserveAddress(total * page)
+		require.NoError(t, err)
+		require.NoError(t, ctx.Enter())
+		hs := make([]uint64, n)
+		t0 := time.Now()
+		for i := range hs {
+			require.Zero(t, m.v.Create(&m.sc.handle, uintptr(chunk), &m.sc.prop))
+			hs[i] = m.sc.handle
+		}
+		create := time.Since(t0)
+		t0 = time.Now()
+		for i, h := range hs {
+			require.Zero(t, m.v.Map(uintptr(p)+uintptr(int64(i)*chunk), uintptr(chunk), h))
+		}
+		mp := time.Since(t0)
+		t0 = time.Now()
+		require.NoError(t, drv.Check("cuMemSetAccess", m.v.SetAccess(uintptr(p), uintptr(total*page), &m.sc.access)))
+		access := time.Since(t0)
+		t0 = time.Now()
+		for i := range hs {
+			require.Zero(t, m.v.Unmap(uintptr(p)+uintptr(int64(i)*chunk), uintptr(chunk)))
+		}
+		unmap := time.Since(t0)
+		t0 = time.Now()
+		for _, h := range hs {
+			require.Zero(t, m.v.Release(h))
+		}
+		release := time.Since(t0)
+		ctx.Leave()
+		t.Logf("1 GiB as %d chunks of %d MiB: create %v, map %v, set access %v, unmap %v, release %v; all %v",
+			n, chunk>>20, create, mp, access, unmap, release, create+mp+access+unmap+release)
+		require.NoError(t, d.ReleaseAddress(p))
+	}
+}
