@@ -45,5 +45,9 @@ func SwapAll(m *memory.Model) []simulate.Swap {
 		}
 		return int(a.Tensor - b.Tensor)
 	})
+	// Counted as the planner counts: a swap whose host copy is current
+	// copies nothing out (MarkReadOnly). One swap per activation, so none
+	// is today; the rule is the planner's all the same.
+	MarkReadOnly(m, out)
 	return out
 }
