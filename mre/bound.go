@@ -98,9 +98,10 @@ func LowerBoundKept(curve []int64, limit int64, d []float64, out, in float64, ke
 	return b
 }
 
-// KeptIdle is, per op of m's iteration, the bytes of frozen parameters on
-// the device that the op does not use: what can leave there with no copy
-// out (LowerBoundKept).
+// KeptIdle is, per op of m's iteration, the bytes on the device that the
+// op does not use of parameters and optimizer state that no op of the
+// iteration writes (frozen ones among them): what can leave there with no
+// copy out (LowerBoundKept).
 func KeptIdle(m *memory.Model) []int64 { return frozenIdle(m) }
 
 // StreamingBound is the least time of one iteration run over and over in

