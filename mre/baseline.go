@@ -46,8 +46,8 @@ func SwapAll(m *memory.Model) []simulate.Swap {
 		return int(a.Tensor - b.Tensor)
 	})
 	// Counted as the planner counts: a swap whose host copy is current
-	// copies nothing out (MarkReadOnly). One swap per activation, so none
-	// is today; the rule is the planner's all the same.
+	// copies nothing out (MarkReadOnly). Each activation swaps once here,
+	// so the rule marks none unless its tensor is frozen.
 	MarkReadOnly(m, out)
 	return out
 }

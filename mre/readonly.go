@@ -2,6 +2,7 @@ package mre
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
@@ -9,11 +10,22 @@ import (
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// Writes reports whether op t of it writes storage id: id is among the
+// Writes reports whether op t of it may write storage id: id is among the
 // op's outputs and the op is not a view (a view's output is its input's
-// storage, unchanged). The replay's byte check counts writes the same way.
+// storage, unchanged), or the op writes in place (a name ending in "_",
+// an "out" overload) and lists id at all: an in-place op may list what it
+// writes among its inputs alone (aten::_fused_adamw_ updates every
+// parameter it reads and returns nothing), so every tensor it names counts
+// as written.
 func Writes(it *trace.Iteration, t int, id trace.TensorID) bool {
 	op := &it.Ops[t]
+	name := op.Name
+	if _, n, ok := strings.Cut(name, "::"); ok {
+		name = n
+	}
+	if strings.HasSuffix(name, "_") || op.Overload == "out" || strings.HasPrefix(op.Overload, "out_") {
+		return slices.Contains(op.Out, id) || slices.Contains(op.In, id)
+	}
 	if !slices.Contains(op.Out, id) {
 		return false
 	}

@@ -111,6 +111,9 @@ func TestMarkReadOnlyWrap(t *testing.T) {
 	it.Ops = []trace.Op{{Name: "aten::t", In: []trace.TensorID{1}, Out: []trace.TensorID{1}}, {Name: "aten::add_", In: []trace.TensorID{1}, Out: []trace.TensorID{1}}}
 	assert.False(t, Writes(it, 0, 1))
 	assert.True(t, Writes(it, 1, 1))
+	// An in-place op that lists what it updates among its inputs alone.
+	it.Ops = append(it.Ops, trace.Op{Name: "aten::_fused_adamw_", In: []trace.TensorID{1}})
+	assert.True(t, Writes(it, 2, 1))
 }
 
 // The bounds count frozen bytes as leaving with no copy out: a curve over
