@@ -98,10 +98,12 @@ func LowerBoundKept(curve []int64, limit int64, d []float64, out, in float64, ke
 	return b
 }
 
-// KeptIdle is, per op of m's iteration, the bytes on the device that the
-// op does not use of parameters and optimizer state that no op of the
-// iteration writes (frozen ones among them): what can leave there with no
-// copy out (LowerBoundKept).
+// KeptIdle is, per op of m's iteration, the bytes of frozen parameters on
+// the device that the op does not use: what can leave there with no copy
+// out (LowerBoundKept). Tensors that are read-only only within the
+// iteration (a skipped optimizer step's weights) are not counted: a plan
+// releases them with no copy only when a swap across the iteration
+// boundary brought them back, which the bound does not model.
 func KeptIdle(m *memory.Model) []int64 { return frozenIdle(m) }
 
 // StreamingBound is the least time of one iteration run over and over in

@@ -86,22 +86,15 @@ func MarkReadOnly(m *memory.Model, swaps []simulate.Swap) {
 	}
 }
 
-// frozenIdle is, per op, the bytes on the device that the op does not use
-// of parameters and optimizer state no op of the iteration writes (frozen
-// parameters, every weight at inference, the weights of a skipped
-// optimizer step): brought back at the start of the step by a swap across
-// its boundary, they may leave at any op with no copy out.
+// frozenIdle is, per op, the bytes of frozen parameters on the device that
+// the op does not use: what may leave there with no copy out.
 func frozenIdle(m *memory.Model) []int64 {
-	it := m.Iter
-	n := len(it.Ops)
+	n := len(m.Iter.Ops)
 	idle := make([]int64, n)
 	var all int64
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if !lt.Tensor.Kind.Persistent() {
-			continue
-		}
-		if !lt.Tensor.Frozen && slices.ContainsFunc(lt.Uses, func(u int32) bool { return Writes(it, int(u), lt.Tensor.ID) }) {
+		if !lt.Tensor.Frozen {
 			continue
 		}
 		all += lt.Bytes
