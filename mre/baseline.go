@@ -45,5 +45,9 @@ func SwapAll(m *memory.Model) []simulate.Swap {
 		}
 		return int(a.Tensor - b.Tensor)
 	})
+	// Counted as the planner counts: a swap whose host copy is current
+	// copies nothing out (MarkReadOnly). Each activation swaps once here,
+	// so the rule marks none unless its tensor is frozen.
+	MarkReadOnly(m, out)
 	return out
 }

@@ -1,5 +1,7 @@
 package mre
 
+import "github.com/chameleon-go/chameleon/memory"
+
 // Bound is the physical lower bound on the slowdown of any swap-only plan.
 type Bound struct {
 	// OverheadUS is the least added time; OverheadPct the same over the
@@ -39,6 +41,14 @@ type Bound struct {
 // and link congestion (both directions at full rate), so real plans can
 // only be slower.
 func LowerBound(curve []int64, limit int64, d []float64, out, in float64) Bound {
+	return LowerBoundKept(curve, limit, d, out, in, nil)
+}
+
+// LowerBoundKept is LowerBound where kept[t] bytes may leave the device at
+// op t with no copy out (tensors whose host copy is current: frozen
+// weights, KeptIdle): only X(t)-kept(t) must have crossed out by the start
+// of op t, while all X(t) must still come back. kept nil: none.
+func LowerBoundKept(curve []int64, limit int64, d []float64, out, in float64, kept []int64) Bound {
 	n := len(curve)
 	b := Bound{OutOp: -1, InOp: -1}
 	if n == 0 || len(d) != n || out <= 0 || in <= 0 {
@@ -71,6 +81,9 @@ func LowerBound(curve []int64, limit int64, d []float64, out, in float64) Bound 
 		if x <= 0 {
 			continue
 		}
+		if kept != nil {
+			x = max(x-kept[t], 0)
+		}
 		dout := float64(x)/out*1e6 - start[t]
 		if dout <= 0 {
 			continue
@@ -81,6 +94,44 @@ func LowerBound(curve []int64, limit int64, d []float64, out, in float64) Bound 
 	}
 	if total > 0 {
 		b.OverheadPct = b.OverheadUS / total * 100
+	}
+	return b
+}
+
+// KeptIdle is, per op of m's iteration, the bytes of frozen parameters on
+// the device that the op does not use: what can leave there with no copy
+// out (LowerBoundKept). Tensors that are read-only only within the
+// iteration (a skipped optimizer step's weights) are not counted: a plan
+// releases them with no copy only when a swap across the iteration
+// boundary brought them back, which the bound does not model.
+func KeptIdle(m *memory.Model) []int64 { return frozenIdle(m) }
+
+// StreamingBound is the least time of one iteration run over and over in
+// steady state (swaps may wrap the iteration boundary), in microseconds:
+// the ops' time, and at least the largest excess max(curve-limit) must
+// come in each iteration at the link's rate in (bytes per second), since
+// every byte off the device at the peak is used again by the next
+// iteration; of that excess, all but kept(t) (KeptIdle, nil: none) must go
+// out each iteration at the rate out. With no excess it is the ops' time.
+func StreamingBound(curve []int64, limit int64, d []float64, out, in float64, kept []int64) float64 {
+	var total float64
+	for _, v := range d {
+		total += v
+	}
+	b := total
+	if out <= 0 || in <= 0 {
+		return b
+	}
+	for t, v := range curve {
+		x := v - limit
+		if x <= 0 {
+			continue
+		}
+		b = max(b, float64(x)/in*1e6)
+		if kept != nil && t < len(kept) {
+			x = max(x-kept[t], 0)
+		}
+		b = max(b, float64(x)/out*1e6)
 	}
 	return b
 }

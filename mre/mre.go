@@ -10,6 +10,7 @@
 package mre
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -197,6 +198,26 @@ type planner struct {
 	unsat      []int32 // prefix count of rem > 0
 	nmre       int
 	maxB       int64
+	model      *memory.Model
+}
+
+// frozen reports a tensor that never crosses out: its swaps release the
+// device memory at the end of their Out op and copy only back.
+func (p *planner) frozen(id trace.TensorID) bool {
+	if p.model == nil {
+		return false
+	}
+	t := p.model.Iter.Tensors[id]
+	return t != nil && t.Frozen
+}
+
+// copies is how many times a swap of id crosses the link: 1 for a frozen
+// tensor, else 2.
+func (p *planner) copies(id trace.TensorID) float64 {
+	if p.frozen(id) {
+		return 1
+	}
+	return 2
 }
 
 // Plan selects swaps that keep the curve under in.Limit (see package doc),
@@ -255,11 +276,12 @@ func planSwaps(in Input, curve []int64, p *planner) (*Policy, error) {
 func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 	cfg := p.cfg
 	n := len(curve)
-	p.n, p.curve, p.times, p.groups = n, curve, in.OpTimes, in.Groups
+	p.n, p.curve, p.times, p.groups, p.model = n, curve, in.OpTimes, in.Groups, in.Model
 	if p.simCurve == nil {
 		p.simCurve = curve
 	}
 	simulateRound := func(swaps []simulate.Swap) (*simulate.Result, error) {
+		MarkReadOnly(in.Model, swaps)
 		return cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Link: cfg.link})
 	}
 	p.need = make([]int64, n)
@@ -287,6 +309,32 @@ func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 	}
 	cs := candidates(cfg.minBytes)
 	var wrap []simulate.Swap
+	applyWrap := func() {
+		for _, w := range wrap {
+			for t := range n {
+				if t < w.In || t >= w.Free {
+					p.need[t] -= w.Bytes
+				}
+			}
+		}
+		p.nmre = 0
+		for _, v := range p.need {
+			if v > 0 {
+				p.nmre++
+			}
+		}
+	}
+	if forwardOnly(in.Model.Iter) {
+		// A forward-only iteration (inference, a decode step) has no
+		// backward to bring anything back for: what it holds over the
+		// limit is weights, used once a step. Streaming them in ahead of
+		// their use and releasing them after it, every step, is the plan;
+		// the gaps inside the iteration cover only what streaming leaves.
+		p.init(cs)
+		if wrap = p.stream(in.Model, slices.Clone(p.need)); wrap != nil {
+			applyWrap()
+		}
+	}
 	if err := feasible(n, p.need, cs, in.Limit); err != nil {
 		// Below the size threshold there may be enough small tensors.
 		cs = candidates(0)
@@ -298,21 +346,16 @@ func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 			// rest.
 			p.init(cs)
 			if wrap = p.wrapping(in.Model, cs); wrap == nil {
-				return nil, err
-			}
-			for _, w := range wrap {
-				for t := range n {
-					if t < w.In || t >= w.Free {
-						p.need[t] -= w.Bytes
-					}
+				// Timed on the stall-free timeline, a copy back longer
+				// than the compute before its use must start at op 0 and
+				// frees nothing: where the link, not compute, sets the
+				// pace, trigger each copy back as early as memory allows
+				// instead (stream).
+				if wrap = p.stream(in.Model, p.short(cs)); wrap == nil {
+					return nil, err
 				}
 			}
-			p.nmre = 0
-			for _, v := range p.need {
-				if v > 0 {
-					p.nmre++
-				}
-			}
+			applyWrap()
 			if err := feasible(n, p.need, cs, in.Limit); err != nil {
 				return nil, err
 			}
@@ -368,18 +411,7 @@ func feasible(n int, need []int64, cs []Candidate, limit int64) error {
 // the copy's time (and PrefetchLayers layers) before the first use.
 func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 	n := p.n
-	short := make([]int64, n)
-	copy(short, p.need)
-	delta := make([]int64, n+1)
-	for _, c := range cs {
-		delta[c.Out+1] += c.Bytes
-		delta[c.Use] -= c.Bytes
-	}
-	var cov int64
-	for t := range n {
-		cov += delta[t]
-		short[t] -= cov
-	}
+	short := p.short(cs)
 	margin := 1 + p.cfg.margin
 	var cands []simulate.Swap
 	for k := range m.Lifetimes {
@@ -392,6 +424,9 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 			continue // a recompute reads it after its last use: it must stay
 		}
 		tOut := float64(lt.Bytes) / p.cfg.link.D2H * 1e6 * margin
+		if lt.Tensor.Frozen {
+			tOut = 0
+		}
 		tIn := float64(lt.Bytes) / p.cfg.link.H2D * 1e6 * margin
 		ready := p.start[i+1] + tOut
 		f := i + 1 + sort.Search(n-i-1, func(x int) bool { return p.start[i+1+x] >= ready })
@@ -463,6 +498,278 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 	}
 }
 
+// short is the need that swapping every candidate of cs over its whole
+// gap leaves, per op.
+func (p *planner) short(cs []Candidate) []int64 {
+	n := p.n
+	short := slices.Clone(p.need)
+	delta := make([]int64, n+1)
+	for _, c := range cs {
+		delta[c.Out+1] += c.Bytes
+		delta[c.Use] -= c.Bytes
+	}
+	var cov int64
+	for t := range n {
+		cov += delta[t]
+		short[t] -= cov
+	}
+	return short
+}
+
+// stream plans the persistent tensors that leave after their last use and
+// come back for their first use of the next iteration (swaps that wrap)
+// so that they meet short, the need per op, on their own, with each copy
+// back triggered from memory rather than from the stall-free timeline:
+// weight streaming, where the link and not compute sets the pace.
+//
+// Which tensors: greedily by the paper's score, each counted as if it
+// came back at its use (free over [0, Use) and [Free, end)), until no op
+// is short; nil when even all of them leave one short. A frozen tensor is
+// free from the end of its last use; another from the first op that
+// starts after its copy out would end.
+//
+// When each comes back: in order of use (the order the copy engine serves
+// them), each copy back is issued at the latest op that leaves the copies
+// queued on the engine time to end by their uses on the stall-free
+// timeline, and no later than PrefetchLayers logical layers ahead; but
+// never earlier than memory allows. The memory the chosen tensors may hold
+// at op t is their bytes less short(t); each trigger moves back from its
+// use only while what is held by the tensors triggered before it and by
+// those in use fits. The prefetch distance is so the bytes the link can
+// bring in before the use, bounded by the memory free to hold them, down
+// to a single op: a coarse grouping cannot make a stream infeasible.
+func (p *planner) stream(m *memory.Model, short []int64) []simulate.Swap {
+	n := p.n
+	margin := 1 + p.cfg.margin
+	var cands []simulate.Swap
+	for _, minBytes := range []int64{p.cfg.minBytes, 0} {
+		cands = cands[:0]
+		for k := range m.Lifetimes {
+			lt := &m.Lifetimes[k]
+			if !lt.Tensor.Kind.Persistent() || len(lt.Uses) == 0 || lt.Bytes < minBytes || lt.Bytes == 0 {
+				continue
+			}
+			i, j := lt.LastUse(), int(lt.Uses[0])
+			if p.readAt != nil && p.readAt(lt.Tensor.ID) > i {
+				continue
+			}
+			f := i + 1
+			if !lt.Tensor.Frozen {
+				ready := p.start[i+1] + float64(lt.Bytes)/p.cfg.link.D2H*1e6*margin
+				f = i + 1 + sort.Search(n-i-1, func(x int) bool { return p.start[i+1+x] >= ready })
+			}
+			cands = append(cands, simulate.Swap{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Out: i, Free: f, In: j, Use: j,
+				NoCopyOut: lt.Tensor.Frozen})
+		}
+		// Two greedy orders: by score (the largest tensors first) and the
+		// smallest first (a tensor does not cover the ops that use it, so
+		// the bytes chosen exceed the need by what is in use where it
+		// peaks, and small tensors keep that excess small); each for the
+		// need itself and for the need plus a prefetch buffer of half, one
+		// and two of the largest tensors (more bytes on the link, fewer
+		// copies held back by memory). The fastest on the simulated
+		// timeline is kept, the fewer bytes among equals.
+		var maxB int64
+		for _, w := range cands {
+			maxB = max(maxB, w.Bytes)
+		}
+		var best []simulate.Swap
+		var bestUS float64
+		seen := map[int64]bool{}
+		for _, smallest := range []bool{false, true} {
+			for _, extra := range []int64{0, maxB / 2, maxB, 2 * maxB} {
+				want := slices.Clone(short)
+				for t := range want {
+					if want[t] > 0 {
+						want[t] += extra
+					}
+				}
+				chosen := p.streamSelect(cands, want, smallest)
+				if chosen == nil {
+					continue
+				}
+				if b := streamBytes(chosen); seen[b] {
+					continue
+				} else {
+					seen[b] = true
+				}
+				p.streamTriggers(chosen, short)
+				us := math.Inf(1)
+				if p.cfg.sim != nil {
+					sw := slices.Clone(chosen)
+					MarkReadOnly(m, sw)
+					if r, err := p.cfg.sim(simulate.Input{OpTimes: p.times, Curve: p.simCurve, Swaps: sw, Recomputes: p.recomputes, Link: p.cfg.link}); err == nil {
+						us = r.IterationUS
+					}
+				}
+				if best == nil || us < bestUS || (us == bestUS && streamBytes(chosen) < streamBytes(best)) {
+					best, bestUS = chosen, us
+				}
+			}
+		}
+		if best != nil {
+			return best
+		}
+	}
+	return nil
+}
+
+func streamBytes(ws []simulate.Swap) int64 {
+	var b int64
+	for _, w := range ws {
+		b += w.Bytes
+	}
+	return b
+}
+
+// streamSelect picks among cands (each free over [0, Use) and [Free,
+// end)) until no op of short is left over zero, by score or, when
+// smallest, the smallest that covers a short op first; nil when all of
+// them cannot.
+func (p *planner) streamSelect(cands []simulate.Swap, short []int64, smallest bool) []simulate.Swap {
+	n := p.n
+	var maxB int64
+	for _, w := range cands {
+		maxB = max(maxB, w.Bytes)
+	}
+	used := make([]bool, len(cands))
+	var chosen []simulate.Swap
+	// A prefix count of the short ops scores a candidate in O(1).
+	pre := make([]int32, n+1)
+	for {
+		for t, v := range short {
+			pre[t+1] = pre[t]
+			if v > 0 {
+				pre[t+1]++
+			}
+		}
+		left := pre[n]
+		if left == 0 {
+			return pruneStream(chosen, short)
+		}
+		best, bestScore := -1, 0.0
+		for x, w := range cands {
+			if used[x] {
+				continue
+			}
+			cnt := pre[w.Use] + pre[n] - pre[w.Free]
+			if cnt == 0 {
+				continue
+			}
+			if smallest {
+				if best < 0 || w.Bytes < cands[best].Bytes {
+					best = x
+				}
+				continue
+			}
+			cost := 2.0
+			if w.NoCopyOut {
+				cost = 1
+			}
+			if s := float64(cnt)/float64(left) + p.cfg.c*float64(w.Bytes)/float64(maxB)*2/cost; s > bestScore {
+				best, bestScore = x, s
+			}
+		}
+		if best < 0 {
+			return nil
+		}
+		used[best] = true
+		w := cands[best]
+		chosen = append(chosen, w)
+		for t := range w.Use {
+			short[t] -= w.Bytes
+		}
+		for t := w.Free; t < n; t++ {
+			short[t] -= w.Bytes
+		}
+	}
+}
+
+// pruneStream drops chosen swaps the others make redundant, largest
+// first (each byte dropped is a byte less on the link every iteration);
+// short is what is left of the need with all of chosen (<= 0 everywhere).
+func pruneStream(chosen []simulate.Swap, short []int64) []simulate.Swap {
+	order := make([]int, len(chosen))
+	for x := range order {
+		order[x] = x
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(chosen[b].Bytes, chosen[a].Bytes) })
+	drop := make([]bool, len(chosen))
+	for _, x := range order {
+		w := &chosen[x]
+		ok := true
+		for t := range short {
+			if (t < w.Use || t >= w.Free) && short[t]+w.Bytes > 0 {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		drop[x] = true
+		for t := range short {
+			if t < w.Use || t >= w.Free {
+				short[t] += w.Bytes
+			}
+		}
+	}
+	kept := chosen[:0]
+	for x, w := range chosen {
+		if !drop[x] {
+			kept = append(kept, w)
+		}
+	}
+	return kept
+}
+
+// streamTriggers sets each chosen swap's In (see stream): chosen meets
+// short with every In at its Use, and still does after.
+func (p *planner) streamTriggers(chosen []simulate.Swap, short []int64) {
+	n := p.n
+	margin := 1 + p.cfg.margin
+	var total int64
+	held := make([]int64, n) // chosen bytes on the device at each op
+	for _, w := range chosen {
+		total += w.Bytes
+		for t := w.Use; t < w.Free; t++ {
+			held[t] += w.Bytes
+		}
+	}
+	order := make([]int, len(chosen))
+	for x := range order {
+		order[x] = x
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(chosen[a].Use, chosen[b].Use), cmp.Compare(chosen[a].Tensor, chosen[b].Tensor))
+	})
+	// The time rule: latest use first, each copy back ends before its use
+	// and before the copy after it starts.
+	want := make([]int, len(chosen))
+	avail := math.Inf(1)
+	for y := len(order) - 1; y >= 0; y-- {
+		x := order[y]
+		w := &chosen[x]
+		end := min(p.start[w.Use], avail)
+		begin := end - float64(w.Bytes)/p.cfg.link.H2D*1e6*margin
+		avail = begin
+		k := max(sort.Search(w.Use+1, func(t int) bool { return p.start[t] > begin })-1, 0)
+		g := max(p.gOf[w.Use]-p.cfg.prefetch, 0)
+		want[x] = min(k, p.groups[g].First, w.Use)
+	}
+	for _, x := range order {
+		w := &chosen[x]
+		k := w.Use
+		for k > want[x] && held[k-1]+w.Bytes <= total-short[k-1] {
+			k--
+		}
+		for t := k; t < w.Use; t++ {
+			held[t] += w.Bytes
+		}
+		w.In = k
+	}
+}
+
 // queueWraps times the copies back of the chosen wrapping swaps (chosen[x]
 // is cands[picked[x]]) as one engine runs them: from the latest use back,
 // each copy ends before its use and before the copy after it starts, and
@@ -524,6 +831,9 @@ func (p *planner) timedSpan(c *cand) (int, int) {
 	i, j := c.Out, c.Use
 	margin := 1 + p.cfg.margin
 	tOut := max(float64(c.Bytes)/p.cfg.link.D2H*1e6*margin, c.outDelay)
+	if p.frozen(c.Tensor) {
+		tOut = 0 // released at the end of Out
+	}
 	tIn := max(float64(c.Bytes)/p.cfg.link.H2D*1e6*margin, c.inDelay*margin)
 	// f: first op t > i with start[t] >= end of i + tOut.
 	ready := p.start[i+1] + tOut
@@ -561,7 +871,7 @@ func (p *planner) selectSwaps() []simulate.Swap {
 			if cnt == 0 {
 				continue
 			}
-			if s := p.score(int(cnt), c.Bytes); s > bestScore {
+			if s := p.score(int(cnt), c.Bytes, c.Tensor); s > bestScore {
 				bestX, bestScore = x, s
 			}
 		}
@@ -585,7 +895,7 @@ func (p *planner) selectSwaps() []simulate.Swap {
 			if cnt == 0 {
 				continue
 			}
-			if s := p.score(int(cnt), c.Bytes); s > bestScore {
+			if s := p.score(int(cnt), c.Bytes, c.Tensor); s > bestScore {
 				bestX, bestScore = x, s
 			}
 		}
@@ -647,8 +957,11 @@ func (p *planner) selectSwaps() []simulate.Swap {
 	return swaps
 }
 
-func (p *planner) score(cnt int, bytes int64) float64 {
-	return float64(cnt)/float64(p.nmre) + p.cfg.c*float64(bytes)/float64(p.maxB)
+// score is the paper's N_MRE + C*S, with S counting what the swap frees
+// per copy: a swap that crosses the link once (a frozen tensor) frees its
+// bytes for half the link time of one that crosses twice.
+func (p *planner) score(cnt int, bytes int64, id trace.TensorID) float64 {
+	return float64(cnt)/float64(p.nmre) + p.cfg.c*float64(bytes)/float64(p.maxB)*2/p.copies(id)
 }
 
 // refreshUnsat rebuilds the prefix count of unsatisfied points and returns

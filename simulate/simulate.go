@@ -12,6 +12,9 @@
 //     copy is done": the memory counts as free from the first op that starts
 //     after it, with no wait (what a framework that frees behind an async copy
 //     does, e.g. the save_on_cpu baseline).
+//   - A swap that copies nothing out (NoCopyOut: its host copy is
+//     current) never reaches the D2H engine: its memory is free from the
+//     end of op Out (from op Free when that is set), with no wait.
 //   - A swap-in is queued on the H2D engine at the start of op In, and its
 //     memory is taken again from then. Op Use waits for it.
 //   - Each engine runs one copy at a time; among the copies issued and not
@@ -28,6 +31,7 @@ package simulate
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -83,6 +87,45 @@ type Swap struct {
 	In int `json:"in_issue_op"`
 	// Use is the next op that uses the tensor; it waits for the copy back.
 	Use int `json:"in_before_op"`
+	// NoCopyOut marks a tensor whose host copy is current when it leaves
+	// (a frozen weight, or one no op wrote since it last came back): its
+	// device memory is released with no copy to the host, free from the
+	// end of op Out, and only the copy back crosses the link. In JSON it
+	// is "d2h": false; a swap with "d2h" absent or true copies out.
+	NoCopyOut bool `json:"-"`
+}
+
+// swapJSON is Swap as JSON: D2H is written only as false.
+type swapJSON struct {
+	Tensor trace.TensorID `json:"tensor"`
+	Bytes  int64          `json:"bytes"`
+	Out    int            `json:"out_after_op"`
+	Free   int            `json:"freed_at_op"`
+	In     int            `json:"in_issue_op"`
+	Use    int            `json:"in_before_op"`
+	D2H    *bool          `json:"d2h,omitempty"`
+}
+
+// MarshalJSON writes the swap with "d2h": false when it copies nothing
+// out, and no "d2h" otherwise.
+func (s Swap) MarshalJSON() ([]byte, error) {
+	j := swapJSON{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
+	if s.NoCopyOut {
+		f := false
+		j.D2H = &f
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: "d2h" absent or true is a
+// swap that copies out.
+func (s *Swap) UnmarshalJSON(b []byte) error {
+	var j swapJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return fmt.Errorf("simulate: swap: %w", err)
+	}
+	*s = Swap{Tensor: j.Tensor, Bytes: j.Bytes, Out: j.Out, Free: j.Free, In: j.In, Use: j.Use, NoCopyOut: j.D2H != nil && !*j.D2H}
+	return nil
 }
 
 // Wraps reports a swap over a gap that crosses the iteration boundary:
@@ -317,6 +360,8 @@ type Transfer struct {
 type Result struct {
 	Ops []OpStat
 	// Out and In are the copies of each swap, indexed like Input.Swaps.
+	// A swap that copies nothing out (NoCopyOut) has an Out with only its
+	// Issue set (Start and End NaN).
 	Out, In []Transfer
 	// Freed is, per swap, the op from which its memory counted as free
 	// (Free itself unless it was dynamic).
@@ -608,6 +653,10 @@ func Run(in Input) (*Result, error) {
 		r.BaseUS += in.OpTimes[t]
 		for _, k := range outAfter[t] {
 			r.Out[k].Issue = now
+			if in.Swaps[k].NoCopyOut {
+				outDone[k] = true // released: nothing to copy
+				continue
+			}
 			d2h.queue = append(d2h.queue, k)
 		}
 	}
@@ -629,6 +678,9 @@ func Run(in Input) (*Result, error) {
 			continue
 		}
 		f := s.Free
+		if f < 0 && s.NoCopyOut {
+			f = s.Out + 1
+		}
 		if f < 0 {
 			end := r.Out[k].End
 			f = s.In

@@ -261,3 +261,74 @@ func TestRecompute(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalid, "%+v", bad)
 	}
 }
+
+// A swap whose host copy is current copies nothing out: its memory is
+// free from the op after Out with no wait, the D2H engine stays idle, and
+// only the copy back crosses the link.
+func TestNoCopyOut(t *testing.T) {
+	// The same swap as "free waits" above, which stalls op 2 for 900 us
+	// on its copy out.
+	sw := Swap{Tensor: 7, Bytes: 55e6, Out: 0, Free: 1, In: 3, Use: 4, NoCopyOut: true}
+	times := []float64{100, 100, 100, 2000, 100}
+	r, err := Run(Input{OpTimes: times, Curve: []int64{60e6, 60e6, 60e6, 60e6, 60e6}, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.Zero(t, r.StallUS)
+	assert.Zero(t, r.BytesD2H)
+	assert.Zero(t, r.BusyD2H)
+	assert.Equal(t, int64(55e6), r.BytesH2D)
+	assert.Equal(t, []int64{60e6, 5e6, 5e6, 60e6, 60e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
+	assert.Equal(t, 1, r.Freed[0])
+
+	// Dynamic free: from the op after Out.
+	sw.Free = -1
+	r, err = Run(Input{OpTimes: times, Curve: []int64{60e6, 60e6, 60e6, 60e6, 60e6}, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Freed[0])
+
+	// Wrapping the iteration: free over [0, In) and from the op after Out.
+	w := Swap{Tensor: 8, Bytes: 55e6, Out: 1, Free: 2, In: 0, Use: 1, NoCopyOut: true}
+	r, err = Run(Input{OpTimes: times, Curve: []int64{60e6, 60e6, 60e6, 60e6, 60e6}, Swaps: []Swap{w}, Link: H200()})
+	require.NoError(t, err)
+	assert.Zero(t, r.BytesD2H)
+	assert.Equal(t, []int64{60e6, 60e6, 5e6, 5e6, 5e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
+}
+
+// "d2h": false marks a swap with no copy out; absent or true, a swap that
+// copies out, as before the field existed.
+func TestSwapJSON(t *testing.T) {
+	b, err := json.Marshal(Swap{Tensor: 3, Bytes: 10, Out: 1, Free: 2, In: 3, Use: 4, NoCopyOut: true})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"tensor":3,"bytes":10,"out_after_op":1,"freed_at_op":2,"in_issue_op":3,"in_before_op":4,"d2h":false}`, string(b))
+	b, err = json.Marshal(Swap{Tensor: 3, Bytes: 10, Out: 1, Free: 2, In: 3, Use: 4})
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), "d2h")
+	for doc, want := range map[string]bool{
+		`{"tensor":3,"bytes":10,"out_after_op":1,"freed_at_op":2,"in_issue_op":3,"in_before_op":4}`:             false,
+		`{"tensor":3,"bytes":10,"out_after_op":1,"freed_at_op":2,"in_issue_op":3,"in_before_op":4,"d2h":true}`:  false,
+		`{"tensor":3,"bytes":10,"out_after_op":1,"freed_at_op":2,"in_issue_op":3,"in_before_op":4,"d2h":false}`: true,
+	} {
+		var s Swap
+		require.NoError(t, json.Unmarshal([]byte(doc), &s), doc)
+		assert.Equal(t, Swap{Tensor: 3, Bytes: 10, Out: 1, Free: 2, In: 3, Use: 4, NoCopyOut: want}, s, doc)
+	}
+	var s Swap
+	assert.Error(t, json.Unmarshal([]byte(`{"tensor":"x"}`), &s))
+}
+
+// FuzzSwapJSON: whatever decodes encodes back to the same swap.
+func FuzzSwapJSON(f *testing.F) {
+	f.Add([]byte(`{"tensor":3,"bytes":10,"out_after_op":1,"freed_at_op":2,"in_issue_op":3,"in_before_op":4,"d2h":false}`))
+	f.Add([]byte(`{"tensor":3,"d2h":true}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s Swap
+		if json.Unmarshal(b, &s) != nil {
+			return
+		}
+		out, err := json.Marshal(s)
+		require.NoError(t, err)
+		var back Swap
+		require.NoError(t, json.Unmarshal(out, &back))
+		assert.Equal(t, s, back)
+	})
+}

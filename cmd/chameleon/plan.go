@@ -132,11 +132,19 @@ type planReport struct {
 	OverheadPct      float64 `json:"overhead_pct"`
 	OverheadPctBound float64 `json:"overhead_pct_bound"`
 	// OverheadPctBoundPlanned is the bound at the planned limit tier.
-	OverheadPctBoundPlanned float64         `json:"overhead_pct_bound_planned"`
-	Feasible                bool            `json:"feasible"`
-	Shortfall               *shortfall      `json:"shortfall,omitempty"`
-	BytesOut                int64           `json:"bytes_d2h"`
-	BytesIn                 int64           `json:"bytes_h2d"`
+	OverheadPctBoundPlanned float64    `json:"overhead_pct_bound_planned"`
+	Feasible                bool       `json:"feasible"`
+	Shortfall               *shortfall `json:"shortfall,omitempty"`
+	BytesOut                int64      `json:"bytes_d2h"`
+	BytesIn                 int64      `json:"bytes_h2d"`
+	// BytesReleased is the bytes of swaps that copy nothing out (their
+	// host copy is current: "d2h": false), released on the device.
+	BytesReleased int64 `json:"bytes_released"`
+	// StreamingBoundMS bounds the step run over and over in steady state
+	// (swaps may cross the iteration boundary): mre.StreamingBound at the
+	// limit, and at the planned tier.
+	StreamingBoundMS        float64         `json:"streaming_bound_ms"`
+	StreamingBoundMSPlanned float64         `json:"streaming_bound_ms_planned"`
 	UtilD2H                 float64         `json:"link_util_d2h"`
 	UtilH2D                 float64         `json:"link_util_h2d"`
 	Swaps                   []simulate.Swap `json:"swaps"`
@@ -350,7 +358,9 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		base += d
 	}
 	rep.IterationMSBase = base / 1000
-	rep.OverheadPctBound = mre.LowerBound(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D).OverheadPct
+	kept := mre.KeptIdle(res.Model)
+	rep.OverheadPctBound = mre.LowerBoundKept(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
+	rep.StreamingBoundMS = mre.StreamingBound(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept) / 1000
 	if err != nil {
 		var ie *mre.InfeasibleError
 		if errors.As(err, &ie) {
@@ -365,7 +375,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.policy, rep.sim = pol, res.Exec
 	rep.Feasible = true
 	rep.PlannedBytes = res.Planned
-	rep.OverheadPctBoundPlanned = mre.LowerBound(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D).OverheadPct
+	rep.OverheadPctBoundPlanned = mre.LowerBoundKept(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
+	rep.StreamingBoundMSPlanned = mre.StreamingBound(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D, kept) / 1000
 	rep.PeakBytesAfter = pol.Sim.Peak
 	rep.IterationMSSim = pol.Sim.IterationUS / 1000
 	rep.IterationMSExec, rep.PeakBytesExec = res.Exec.IterationUS/1000, res.Exec.Peak
@@ -381,6 +392,9 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	}
 	rep.Swaps = make([]simulate.Swap, len(pol.Swaps))
 	for x, s := range pol.Swaps {
+		if s.NoCopyOut {
+			rep.BytesReleased += s.Bytes
+		}
 		s.Out, s.Free, s.In, s.Use = seqOf(s.Out), seqOf(s.Free), seqOf(s.In), seqOf(s.Use)
 		rep.Swaps[x] = s
 	}
@@ -403,9 +417,12 @@ func printPlan(w io.Writer, r *planReport) {
 		return
 	}
 	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)\n", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
-	fmt.Fprintf(w, "peak after %s, %d swaps, %s out, %s in\n", fmtBytes(r.PeakBytesAfter), len(r.Swaps), fmtBytes(r.BytesOut), fmtBytes(r.BytesIn))
+	fmt.Fprintf(w, "peak after %s, %d swaps, %s copied out, %s released without a copy, %s in\n", fmtBytes(r.PeakBytesAfter), len(r.Swaps),
+		fmtBytes(r.BytesOut), fmtBytes(r.BytesReleased), fmtBytes(r.BytesIn))
 	fmt.Fprintf(w, "iteration %.2f ms -> %.2f ms simulated: overhead %.2f%% (bound %.2f%% at the limit, %.2f%% at the planned tier)\n",
 		r.IterationMSBase, r.IterationMSSim, r.OverheadPct, r.OverheadPctBound, r.OverheadPctBoundPlanned)
+	fmt.Fprintf(w, "streaming bound %.2f ms at the limit, %.2f ms at the planned tier (steady state, swaps across the step boundary allowed)\n",
+		r.StreamingBoundMS, r.StreamingBoundMSPlanned)
 	if len(r.Recomputes) > 0 {
 		fmt.Fprintf(w, "%d recomputes: %s dropped and made again, %.2f ms of compute\n", len(r.Recomputes), fmtBytes(r.BytesRecomputed), r.RecomputeMS)
 	}
