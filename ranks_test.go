@@ -116,7 +116,7 @@ func TestRanksPlanOnce(t *testing.T) {
 	tr := testtraces.Read(t, testtraces.Small)
 	const scale = 1024
 	limit := replay.PeakBytes(tr) / scale * 85 / 100
-	runs := runRanks(t, same(tr, 4), scale, limit, 3, nil)
+	runs := runRanks(t, same(tr, 4), scale, limit, 2, nil)
 
 	assert.Equal(t, 1, sumStats(runs, func(s chameleon.Stats) int { return s.Replans }), "one plan over all ranks")
 	assert.Equal(t, 1, runs[0].stats.Replans)
@@ -241,7 +241,7 @@ func TestRanksDifferentSequence(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			trs := same(tr, 3)
 			trs[2] = relabel(tr, c.f)
-			runs := runRanks(t, trs, scale, limit, 3, nil)
+			runs := runRanks(t, trs, scale, limit, 2, nil)
 			assert.Equal(t, 1, runs[1].stats.AdoptedPolicies)
 			assert.Zero(t, runs[1].stats.Replans)
 			d := runs[2].stats
@@ -291,7 +291,7 @@ func TestRanksShareHostBudget(t *testing.T) {
 	require.Positive(t, freePeak)
 	const ranks = 4
 	share := freePeak &^ 511 // the plan may fill 90% of it: the free plan does not fit
-	runs := runRanks(t, same(tr, ranks), scale, limit, 3, func(int) []chameleon.Option {
+	runs := runRanks(t, same(tr, ranks), scale, limit, 2, func(int) []chameleon.Option {
 		return []chameleon.Option{chameleon.WithHostBudget(share*ranks, ranks)}
 	})
 	assert.Equal(t, 1, sumStats(runs, func(s chameleon.Stats) int { return s.Replans }))
@@ -314,7 +314,7 @@ func TestRanksShareHostBudget(t *testing.T) {
 
 	// Rank 1 has a smaller share than rank 0 (no budget): the policy it
 	// adopts is updated to its share.
-	small := runRanks(t, same(tr, 2), scale, limit, 3, func(rank int) []chameleon.Option {
+	small := runRanks(t, same(tr, 2), scale, limit, 2, func(rank int) []chameleon.Option {
 		if rank == 1 {
 			return []chameleon.Option{chameleon.WithHostBudget(share, 1)}
 		}
