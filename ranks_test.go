@@ -76,6 +76,15 @@ func runRanks(t *testing.T, trs []*trace.Trace, scale, limit int64, rounds int, 
 	return out
 }
 
+// raceRanks is n, or 2 under the race detector, where each rank's replay
+// is ten times slower.
+func raceRanks(n int) int {
+	if policyRace {
+		return 2
+	}
+	return n
+}
+
 func same(tr *trace.Trace, n int) []*trace.Trace {
 	trs := make([]*trace.Trace, n)
 	for i := range trs {
@@ -156,7 +165,7 @@ func TestRanksRankZeroFindsNone(t *testing.T) {
 		return nil, fmt.Errorf("refused: %w", mre.ErrInfeasible)
 	})
 	start := time.Now()
-	runs := runRanks(t, same(tr, 4), scale, limit, 2, func(rank int) []chameleon.Option {
+	runs := runRanks(t, same(tr, raceRanks(4)), scale, limit, 2, func(rank int) []chameleon.Option {
 		o := []chameleon.Option{chameleon.WithRankTimeout(time.Minute)}
 		if rank == 0 {
 			o = append(o, chameleon.WithPlanner(refuse))
@@ -289,10 +298,10 @@ func TestRanksShareHostBudget(t *testing.T) {
 	free := runRanks(t, same(tr, 1), scale, limit, 2, nil)
 	freePeak, freeTier := planHostPeak(t, free[0].rep)
 	require.Positive(t, freePeak)
-	const ranks = 4
+	ranks := raceRanks(4)
 	share := freePeak &^ 511 // the plan may fill 90% of it: the free plan does not fit
 	runs := runRanks(t, same(tr, ranks), scale, limit, 2, func(int) []chameleon.Option {
-		return []chameleon.Option{chameleon.WithHostBudget(share*ranks, ranks)}
+		return []chameleon.Option{chameleon.WithHostBudget(share*int64(ranks), ranks)}
 	})
 	assert.Equal(t, 1, sumStats(runs, func(s chameleon.Stats) int { return s.Replans }))
 	peak, tier := planHostPeak(t, runs[0].rep)
@@ -309,8 +318,12 @@ func TestRanksShareHostBudget(t *testing.T) {
 			assert.Equal(t, 1, r.stats.AdoptedPolicies, "rank %d", i)
 		}
 	}
-	t.Logf("unconstrained plan: %d bytes pinned at once at tier %d; share %d: plan %d bytes at tier %d, stable swaps %v; peak pinned per rank %d %d %d %d",
-		freePeak, freeTier, share, peak, tier, want, runs[0].stats.PeakHostBytes, runs[1].stats.PeakHostBytes, runs[2].stats.PeakHostBytes, runs[3].stats.PeakHostBytes)
+	peaks := make([]int64, ranks)
+	for i, r := range runs {
+		peaks[i] = r.stats.PeakHostBytes
+	}
+	t.Logf("unconstrained plan: %d bytes pinned at once at tier %d; share %d: plan %d bytes at tier %d, stable swaps %v; peak pinned per rank %v",
+		freePeak, freeTier, share, peak, tier, want, peaks)
 
 	// Rank 1 has a smaller share than rank 0 (no budget): the policy it
 	// adopts is updated to its share.
