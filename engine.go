@@ -188,6 +188,7 @@ type Engine struct {
 	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
 	// next plan leaves headroom for growth (plan.Input.Growing).
 	outgrown bool
+	rank     rankState // WithRank's exchanges
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -237,6 +238,14 @@ type Stats struct {
 	// them since they came back): device memory released, nothing copied;
 	// KeptBytes their bytes, which SwappedOutBytes does not count.
 	KeptEvictions, KeptBytes int64
+	// PeakHostBytes is the most pinned host memory in use at once.
+	PeakHostBytes int64
+	// With WithRank: AdoptedPolicies counts the policies rank 0 planned
+	// that this rank adopted instead of planning, SharedPolicies those rank
+	// 0 broadcast, RankFallbacks the exchanges after which this rank
+	// planned on its own (rank 0 had no policy for its sequence, or the
+	// broadcast failed or timed out).
+	AdoptedPolicies, SharedPolicies, RankFallbacks int
 }
 
 // New returns an Engine over dev. It reserves the memory limit on the
@@ -275,11 +284,12 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	if err != nil {
 		return fail(fmt.Errorf("chameleon: reserve %d bytes of device memory: %w", cfg.limit, err))
 	}
-	e.pool = device.NewHostPool(dev, device.WithGrowth(64<<20))
+	poolOpts, hostReserve := cfg.hostPool()
+	e.pool = device.NewHostPool(dev, poolOpts...)
 	e.onClose = append(e.onClose, e.pool.Close)
-	if cfg.hostReserve > 0 {
-		if err := e.pool.Reserve(cfg.hostReserve); err != nil {
-			return fail(fmt.Errorf("chameleon: reserve %d bytes of pinned host memory: %w", cfg.hostReserve, err))
+	if hostReserve > 0 {
+		if err := e.pool.Reserve(hostReserve); err != nil {
+			return fail(fmt.Errorf("chameleon: reserve %d bytes of pinned host memory: %w", hostReserve, err))
 		}
 	}
 	e.compute = dev.DefaultStream()
@@ -342,7 +352,8 @@ func (e *Engine) Stats() Stats {
 	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated
 	s.Maps, s.Unmaps, s.HostWaits = a.Maps, a.Unmaps, a.HostWaits
 	s.MappedPages = a.MappedPages
-	s.HostBytes = e.pool.Stats().Allocated
+	hs := e.pool.Stats()
+	s.HostBytes, s.PeakHostBytes = hs.Allocated, hs.PeakAllocated
 	return s
 }
 

@@ -113,7 +113,7 @@ func (e *Engine) swapOut(t *Tensor) error {
 	if err := e.dev.StreamWait(e.d2h, after); err != nil {
 		return faulted("copy out", t, err)
 	}
-	buf, err := e.pool.Get(t.size, e.d2h)
+	buf, err := e.hostBuf(t)
 	if err != nil {
 		return fmt.Errorf("chameleon: pinned buffer for tensor %d (%d bytes): %w", t.id, t.size, err)
 	}

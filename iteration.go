@@ -67,6 +67,7 @@ func (e *Engine) Begin() *Iteration {
 	}
 	if e.policy != nil {
 		e.policy.reset()
+		it.err = e.trimKept()
 	}
 	return it
 }
@@ -255,6 +256,7 @@ type Result struct {
 	Detect   seq.Result
 	Planned  bool  // a policy was planned from this iteration's profile
 	CacheHit bool  // a cached policy was adopted for the next iterations
+	Adopted  bool  // rank 0's policy was adopted instead of planning (WithRank)
 	Matched  int   // planned tensors matched to live ones
 	SwapsOut int64 // copies to the host this iteration
 	SwapsIn  int64
@@ -351,6 +353,10 @@ func (it *Iteration) End() Result {
 		r.CacheHit = true
 		e.stats.CacheHits++
 	}
+	exchange := d.plan && e.exchanges()
+	if exchange && e.adoptShared(key, d.adoptPlanned, &r) {
+		d.plan = false
+	}
 	if d.plan {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
 		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
@@ -374,6 +380,9 @@ func (it *Iteration) End() Result {
 			if d.adoptPlanned {
 				e.det.Adopt()
 			}
+		}
+		if exchange {
+			e.shareOutcome(pol, err)
 		}
 	}
 	it.span.SetAttributes(attribute.Int("iteration", it.index), attribute.Int("ops", prof.Len),

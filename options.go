@@ -58,6 +58,7 @@ type config struct {
 	policyFile  string
 	// strictPolicy: a damaged policy file fails New
 	strictPolicy bool
+	ranks        rankConfig // WithRank, WithHostBudget
 }
 
 func defaultConfig() config {
@@ -111,6 +112,7 @@ func (c *config) planPath() []plan.Option {
 	if c.linkSet {
 		opts = append(opts, plan.WithLink(simulate.H200().Scaled(c.linkBW)))
 	}
+	opts = append(opts, c.hostPlan()...)
 	return append(append(opts, c.planOpts...), plan.WithPlanOptions(c.mreOpts...))
 }
 
@@ -135,6 +137,9 @@ func (c *config) validate() error {
 	}
 	if c.hostReserve < 0 {
 		return fmt.Errorf("chameleon: WithHostReserve(%d): negative", c.hostReserve)
+	}
+	if err := c.validateRanks(); err != nil {
+		return err
 	}
 	if err := plan.Validate(c.planPath()...); err != nil {
 		return fmt.Errorf("chameleon: %w", err)

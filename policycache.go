@@ -87,7 +87,6 @@ func (e *Engine) SavePolicies(w io.Writer) error {
 }
 
 func (e *Engine) encodePolicies() ([]byte, error) {
-	out := fileCache{Format: policyFormatName, Version: policyVersion, Policies: []filePolicy{}}
 	var ps []*policy
 	for _, l := range e.cache.byHash {
 		ps = append(ps, l...)
@@ -95,6 +94,12 @@ func (e *Engine) encodePolicies() ([]byte, error) {
 	slices.SortFunc(ps, func(a, b *policy) int {
 		return cmp.Or(cmp.Compare(a.key.Hash, b.key.Hash), cmp.Compare(a.key.Ops, b.key.Ops), cmp.Compare(a.key.Bytes, b.key.Bytes))
 	})
+	return encodeCache(ps)
+}
+
+// encodeCache is the policy file of ps, in their order.
+func encodeCache(ps []*policy) ([]byte, error) {
+	out := fileCache{Format: policyFormatName, Version: policyVersion, Policies: []filePolicy{}}
 	for _, p := range ps {
 		out.Policies = append(out.Policies, encodePolicy(p))
 	}

@@ -39,6 +39,7 @@ type config struct {
 	recorded  bool
 	observer  Observer
 	recompute func(it *trace.Iteration) []bool
+	hostLimit int64 // WithHostLimit; 0: none
 }
 
 func (c config) observe(s Stage) func(*Result, error) {
@@ -68,6 +69,9 @@ func newConfig(opts []Option) (config, error) {
 func (c config) validate() error {
 	if err := mre.Validate(slices.Concat(c.planOpts, []mre.Option{mre.WithLink(c.link)})...); err != nil {
 		return fmt.Errorf("plan: %w", err)
+	}
+	if c.hostLimit < 0 {
+		return fmt.Errorf("plan: host limit %d bytes: negative", c.hostLimit)
 	}
 	if len(c.tiers) == 0 {
 		return errors.New("plan: no limit tiers")
@@ -161,4 +165,12 @@ func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs
 // trace, the ops its host can run again for the Engine. Default: swaps only.
 func WithRecompute(ok func(it *trace.Iteration) []bool) Option {
 	return optionFunc(func(c *config) { c.recompute = ok })
+}
+
+// WithHostLimit caps the pinned host memory a policy's swaps may hold at
+// once (HostCurve), in bytes: a tier whose policy holds more is refused as
+// infeasible (a HostLimitError) and the next tier is tried. 0, the
+// default, is no cap; a negative cap is refused.
+func WithHostLimit(bytes int64) Option {
+	return optionFunc(func(c *config) { c.hostLimit = bytes })
 }

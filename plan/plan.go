@@ -175,6 +175,9 @@ func Make(in Input, opts ...Option) (*Result, error) {
 		limit := in.Limit/100*int64(pct) + in.Limit%100*int64(pct)/100 // in.Limit*pct/100 without overflow
 		r.Policy, err = cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
 			Recomputable: recomputable}, popts...)
+		if err == nil && r.Policy != nil {
+			err = checkHost(in.Iter, r.Policy.Swaps, cfg.hostLimit)
+		}
 		if err == nil {
 			r.Planned = limit
 			break
