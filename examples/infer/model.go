@@ -248,7 +248,9 @@ func Run(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err er
 
 // Seeds of the weights: tensor kind and block, so that every weight has
 // its own numbers.
-func weightSeed(seed uint64, kind, l int) uint64 { return seed*1000003 + uint64(kind)*7919 + uint64(l)*104729 }
+func weightSeed(seed uint64, kind, l int) uint64 {
+	return seed*1000003 + uint64(kind)*7919 + uint64(l)*104729
+}
 
 // load makes every weight Frozen and fills it from the host.
 func (s *server) load() error {
