@@ -369,12 +369,31 @@ func printSummary(out io.Writer, base, rep *Report, limit, peak int64, baseMS, l
 	} else {
 		fmt.Fprintln(out, "  simulator: no policy was planned (see the rounds' plan errors)")
 	}
+	fmt.Fprintf(out, "  stages: %s\n", stages(rep.Rounds))
 	fmt.Fprintf(out, "  engine: %d policies planned, %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out (%d released with no copy), %d hinted evictions, %d hinted prefetches (%d waited for room)\n",
 		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut, st.KeptEvictions, st.HintEvictions, st.HintPrefetches, st.HintDeferrals)
 	if !same {
 		return errDiffer
 	}
 	return nil
+}
+
+// stages counts the rounds of each stage, in the order the stages came.
+func stages(rounds []Round) string {
+	var names []string
+	count := map[string]int{}
+	for _, r := range rounds {
+		n := r.Result.Stage.String()
+		if count[n] == 0 {
+			names = append(names, n)
+		}
+		count[n]++
+	}
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%d %s", count[n], n)
+	}
+	return strings.Join(parts, ", ") + " rounds"
 }
 
 func firstDiff(a, b []byte) int {
