@@ -34,6 +34,16 @@ const (
 	// OptimizerState is persistent like a parameter, and recorded as
 	// optimizer state in the Engine's profiles.
 	OptimizerState
+	// Frozen tensors are parameters the host never writes during the run:
+	// every weight at inference, the base weights of an adapter fine-tune.
+	// Their bytes are set once, by Engine.Fill or by the first op that
+	// lists the tensor in Out; an op that lists it in Out after that is
+	// refused. Their host copy then stays current for the whole run: only
+	// the first swap-out copies (and none when Fill set them), every later
+	// one releases the device memory and copies nothing, and each comes
+	// back with one copy in. Profiles record them as parameters with
+	// Frozen set (trace.Tensor.Frozen), so plans count no copy out.
+	Frozen
 )
 
 // persistent reports whether tensors of kind k live across iterations.
@@ -42,7 +52,7 @@ func (k Kind) persistent() bool { return k != Activation }
 // traceKind is k in a profile.
 func (k Kind) traceKind() trace.Kind {
 	switch k {
-	case Persistent:
+	case Persistent, Frozen:
 		return trace.KindParam
 	case OptimizerState:
 		return trace.KindOptState
@@ -61,6 +71,15 @@ func KindOf(k trace.Kind) Kind {
 		return OptimizerState
 	}
 	return Activation
+}
+
+// KindOfTensor is the Engine's kind for a traced tensor: KindOf of its
+// kind, and Frozen for a parameter marked frozen.
+func KindOfTensor(t *trace.Tensor) Kind {
+	if t.Kind == trace.KindParam && t.Frozen {
+		return Frozen
+	}
+	return KindOf(t.Kind)
 }
 
 // Op describes one operator call to the Engine. The host reuses Op values
@@ -109,6 +128,8 @@ type Tensor struct {
 	// out until then releases the device memory and copies nothing.
 	kept     bool
 	produced bool
+	// written: a Frozen tensor's bytes were set (Fill, or its first op).
+	written  bool
 	released bool
 	pin      uint64  // op serial during which it must stay resident
 	lastUse  uint64  // op serial of its last use: the eviction order
@@ -189,6 +210,9 @@ type Engine struct {
 	// next plan leaves headroom for growth (plan.Input.Growing).
 	outgrown bool
 	rank     rankState // WithRank's exchanges
+	// prefetches are the tensors Prefetch was asked for that found no
+	// free device memory yet: tried again at each op and after each Evict.
+	prefetches []*Tensor
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -246,6 +270,12 @@ type Stats struct {
 	// planned on its own (rank 0 had no policy for its sequence, or the
 	// broadcast failed or timed out).
 	AdoptedPolicies, SharedPolicies, RankFallbacks int
+	// HintEvictions counts the tensors Evict moved off the device (copied
+	// or, with a current host copy, released: in SwapsOut either way),
+	// HintEvictedBytes their bytes. HintPrefetches counts the copies back
+	// Prefetch started (in SwapsIn); HintDeferrals the prefetches that
+	// found no free device memory at once and waited for some.
+	HintEvictions, HintEvictedBytes, HintPrefetches, HintDeferrals int64
 }
 
 // New returns an Engine over dev. It reserves the memory limit on the

@@ -82,6 +82,9 @@ func (it *Iteration) Before(op *Op) error {
 	if err := it.check(op); err != nil {
 		return err
 	}
+	if err := it.checkFrozen(op); err != nil {
+		return err
+	}
 	e.inOp = false
 	e.serial++
 	for _, t := range op.In {
@@ -118,6 +121,11 @@ func (it *Iteration) Before(op *Op) error {
 			}
 		}
 	}
+	if len(e.prefetches) > 0 {
+		if err := e.retryPrefetches(); err != nil {
+			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+		}
+	}
 	if err := it.resident(op, op.In); err != nil {
 		return err
 	}
@@ -130,6 +138,9 @@ func (it *Iteration) Before(op *Op) error {
 			if err := e.unkeep(t); err != nil {
 				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 			}
+		}
+		if t.kind == Frozen {
+			t.written = true
 		}
 	}
 	e.inOp = true
@@ -236,7 +247,7 @@ func (it *Iteration) record(op *Op) {
 		for i, t := range ts {
 			out[i] = t.id
 			if _, ok := it.detail.Tensors[t.id]; !ok {
-				it.detail.Tensors[t.id] = &trace.Tensor{ID: t.id, Bytes: t.size, DType: t.dtype, Shape: t.shape, Kind: t.kind.traceKind(), Ptr: t.feat.Ptr}
+				it.detail.Tensors[t.id] = &trace.Tensor{ID: t.id, Bytes: t.size, DType: t.dtype, Shape: t.shape, Kind: t.kind.traceKind(), Frozen: t.kind == Frozen, Ptr: t.feat.Ptr}
 			}
 		}
 		return out

@@ -442,6 +442,13 @@ func FuzzPolicyFile(f *testing.F) {
 		`"profile":{"time_ms":2,"strings":["aten::mm","default","m","f32"],"tensors":[{"id":3,"bytes":16,"kind":0,"dtype":3,"shape":[4],"ptr":1},{"id":9,"bytes":512,"kind":1,"dtype":3,"shape":[128],"ptr":2}],` +
 		`"ops":[{"n":0,"o":1,"m":2,"p":1,"in":[9],"out":[3],"mem":528,"flops":0,"io_bytes":0,"rc":true},{"n":0,"o":1,"m":2,"p":1,"in":[],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false},` +
 		`{"n":0,"o":1,"m":2,"p":2,"in":[],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false},{"n":0,"o":1,"m":2,"p":2,"in":[3,9],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false}],"live_out":[9]}}]}`))
+	f.Add([]byte(`{"format":"chameleon-policies","version":2,"policies":[{"key":{"hash":2,"ops":3,"bytes":16},"assumed":null,"simulated_ms":1,` +
+		`"tensors":[{"id":9,"kind":"frozen_parameter","bytes":512,"dtype":"f32","shape":[128],"ptr":0,"producer":"","overload":"","module":""}],` +
+		`"swaps":[{"tensor":9,"bytes":512,"out_after_op":0,"freed_at_op":1,"in_issue_op":1,"in_before_op":2,"issue_out_after_op":0,"issue_in_at_op":1}],` +
+		`"out_order":[0],"in_order":[0],"recomputes":[],` +
+		`"profile":{"time_ms":1,"strings":["aten::mm","","m","f32"],"tensors":[{"id":3,"bytes":16,"kind":0,"dtype":3,"shape":[4],"ptr":1},{"id":9,"bytes":512,"kind":1,"dtype":3,"shape":[128],"ptr":2,"frozen":true}],` +
+		`"ops":[{"n":0,"o":1,"m":2,"p":1,"in":[9],"out":[3],"mem":528,"flops":0,"io_bytes":0,"rc":false},{"n":0,"o":1,"m":2,"p":1,"in":[3],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false},` +
+		`{"n":0,"o":1,"m":2,"p":1,"in":[9,3],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false}],"live_out":[9]}}]}`))
 	f.Add([]byte(`{"format":"chameleon-policies","version":2,"policies":[]}`))
 	f.Add([]byte(`{"format":"other"}`))
 	dev, err := host.New(1 << 20)

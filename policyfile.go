@@ -79,6 +79,8 @@ const (
 	fileActivation = "activation"
 	fileParam      = "parameter"
 	fileOptState   = "optimizer_state"
+	// fileFrozen is a parameter no op writes (Frozen).
+	fileFrozen = "frozen_parameter"
 )
 
 type fileTensor struct {
@@ -146,6 +148,9 @@ type fileProfTensor struct {
 	DType int            `json:"dtype"`
 	Shape []int64        `json:"shape"`
 	Ptr   uint64         `json:"ptr"`
+	// Frozen marks a parameter no op writes (trace.Tensor.Frozen); left out
+	// when false.
+	Frozen bool `json:"frozen,omitempty"`
 }
 
 type fileProfOp struct {
@@ -445,9 +450,9 @@ func (p *filePolicy) validate(path string, dc decodeConfig) error {
 		}
 		known[t.ID] = t
 		switch t.Kind {
-		case fileActivation, fileParam, fileOptState:
+		case fileActivation, fileParam, fileOptState, fileFrozen:
 		default:
-			return bad(tp+".kind", "%q: want %q, %q or %q", t.Kind, fileActivation, fileParam, fileOptState)
+			return bad(tp+".kind", "%q: want %q, %q, %q or %q", t.Kind, fileActivation, fileParam, fileOptState, fileFrozen)
 		}
 		if err := checkBytes(tp+".bytes", t.Bytes, tmax, twhat); err != nil {
 			return err
@@ -625,6 +630,9 @@ func (f *fileProfile) validate(path string, nops int, tmax int64, twhat string) 
 		if t.Kind < int(trace.KindActivation) || t.Kind > int(trace.KindInput) {
 			return nil, bad(tp+".kind", "%d: want 0 to %d", t.Kind, int(trace.KindInput))
 		}
+		if t.Frozen && t.Kind != int(trace.KindParam) {
+			return nil, bad(tp+".frozen", "true on a tensor of kind %d: only a parameter (%d) is frozen", t.Kind, int(trace.KindParam))
+		}
 		if err := str(tp+".dtype", t.DType); err != nil {
 			return nil, err
 		}
@@ -721,6 +729,8 @@ func kindName(k Kind) string {
 		return fileParam
 	case OptimizerState:
 		return fileOptState
+	case Frozen:
+		return fileFrozen
 	}
 	return fileActivation
 }
@@ -731,6 +741,8 @@ func kindOfName(s string) Kind {
 		return Persistent
 	case fileOptState:
 		return OptimizerState
+	case fileFrozen:
+		return Frozen
 	}
 	return Activation
 }
@@ -819,7 +831,7 @@ func encodeProfile(pr *profiled) *fileProfile {
 	slices.Sort(ids)
 	for _, id := range ids {
 		t := it.Tensors[id]
-		f.Tensors = append(f.Tensors, fileProfTensor{ID: id, Bytes: t.Bytes, Kind: int(t.Kind), DType: str(t.DType), Shape: t.Shape, Ptr: t.Ptr})
+		f.Tensors = append(f.Tensors, fileProfTensor{ID: id, Bytes: t.Bytes, Kind: int(t.Kind), DType: str(t.DType), Shape: t.Shape, Ptr: t.Ptr, Frozen: t.Frozen})
 	}
 	for i := range it.Ops {
 		op := &it.Ops[i]
@@ -833,7 +845,7 @@ func encodeProfile(pr *profiled) *fileProfile {
 func (f *fileProfile) profiled() *profiled {
 	it := &trace.Iteration{TimeMS: f.TimeMS, MemExact: true, Tensors: make(map[trace.TensorID]*trace.Tensor, len(f.Tensors)), Ops: make([]trace.Op, len(f.Ops))}
 	for _, t := range f.Tensors {
-		it.Tensors[t.ID] = &trace.Tensor{ID: t.ID, Bytes: t.Bytes, DType: f.Strings[t.DType], Shape: t.Shape, Kind: trace.Kind(t.Kind), Ptr: t.Ptr}
+		it.Tensors[t.ID] = &trace.Tensor{ID: t.ID, Bytes: t.Bytes, DType: f.Strings[t.DType], Shape: t.Shape, Kind: trace.Kind(t.Kind), Ptr: t.Ptr, Frozen: t.Frozen}
 	}
 	pr := &profiled{iter: it, liveOut: f.LiveOut, recompute: make([]bool, len(f.Ops))}
 	for i, op := range f.Ops {

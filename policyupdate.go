@@ -76,7 +76,7 @@ func (e *Engine) bindPlan(key policyKey, pr *profiled, res *plan.Result) *policy
 	ord := ordinals(it, e.enc.Vocab)
 	made := func(id trace.TensorID) plannedTensor {
 		t := it.Tensors[id]
-		if k := KindOf(t.Kind); k.persistent() {
+		if k := KindOfTensor(t); k.persistent() {
 			return plannedTensor{Persistent: &persistRef{ID: id, Bytes: t.Bytes, DType: t.DType, Shape: t.Shape, Kind: k}}
 		}
 		pt := plannedTensor{Ptr: t.Ptr, Shape: t.Shape, Ord: ord[id]}
