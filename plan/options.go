@@ -39,6 +39,7 @@ type config struct {
 	recorded  bool
 	observer  Observer
 	recompute func(it *trace.Iteration) []bool
+	measured  []float64 // per op, µs (WithMeasured)
 }
 
 func (c config) observe(s Stage) func(*Result, error) {
