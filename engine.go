@@ -185,6 +185,7 @@ type Engine struct {
 	onClose []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
+	tm        *timer // timing events and what they measured (timing.go)
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -222,6 +223,13 @@ type Stats struct {
 	// queued work to unmap a range. All three stay flat once a policy runs
 	// as planned; a host wait stalls the host's queueing of work.
 	Maps, Unmaps, HostWaits int64
+	// DriftReplans counts the times a logical layer's sampled time drifted
+	// from its policy's (WithDriftThreshold) and the Engine planned again;
+	// MeasuredPlans the policies planned on measured layer times;
+	// TimedIterations the iterations whose timing events were read;
+	// TimingErrors the device errors that left an iteration's times to the
+	// estimator (each logged as a warning).
+	DriftReplans, MeasuredPlans, TimedIterations, TimingErrors int
 	// KeptEvictions counts swap-outs (in SwapsOut) of parameters and
 	// optimizer state whose host copy was still current (no op had written
 	// them since they came back): device memory released, nothing copied;
@@ -289,6 +297,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 		e.ring[s] = r
 		e.onClose = append(e.onClose, r.close)
 	}
+	e.tm = newTimer(e)
 	e.det = cfg.detector
 	if e.det == nil {
 		det, err := seq.NewDetector(cfg.detect)

@@ -58,6 +58,7 @@ type config struct {
 	policyFile  string
 	// strictPolicy: a damaged policy file fails New
 	strictPolicy bool
+	timing       timingConfig
 }
 
 func defaultConfig() config {
@@ -69,6 +70,7 @@ func defaultConfig() config {
 		tp:         noop.NewTracerProvider(),
 		clock:      time.Now,
 		staleMatch: 0.5,
+		timing:     defaultTiming(),
 	}
 }
 
@@ -132,6 +134,9 @@ func (c *config) validate() error {
 	}
 	if c.linkSet && !(c.linkBW > 0) {
 		return fmt.Errorf("chameleon: WithLinkBandwidth(%g): want a positive rate", c.linkBW)
+	}
+	if err := c.timing.validate(); err != nil {
+		return err
 	}
 	if c.hostReserve < 0 {
 		return fmt.Errorf("chameleon: WithHostReserve(%d): negative", c.hostReserve)
