@@ -50,6 +50,9 @@ const (
 	linkMinCopies = 4
 	// maxTimedCopies bounds the copies timed in one iteration.
 	maxTimedCopies = 1024
+	// minComputeShare: measured compute under this share of the compute
+	// stream's time is not a measurement of the ops.
+	minComputeShare = 0.01
 )
 
 type timingConfig struct {
@@ -493,8 +496,10 @@ func (tm *timer) measure(n int) []float64 {
 	}
 	tm.readCopies(ti)
 	tm.e.stats.TimedIterations++
-	if total <= 0 {
-		return nil // nothing measured: a device whose clock did not move
+	if !(total > 0 && total >= minComputeShare*prev) {
+		// Nothing measured but the waits: a device whose clock only the
+		// copies move (the host backend without LaunchFor).
+		return nil
 	}
 	tm.measured = out
 	return out
@@ -568,12 +573,13 @@ func (tm *timer) readSample(ti *timedIter) error {
 	}
 	tm.readCopies(ti)
 	tm.e.stats.TimedIterations++
-	var total float64
-	for _, w := range wall {
-		total += w
+	var total, compute float64
+	for k := range wall {
+		total += wall[k]
+		compute += max(comp[k], 0)
 	}
-	if total <= 0 {
-		return nil // a device whose clock did not move: nothing measured
+	if !(compute > 0 && compute >= minComputeShare*total) {
+		return nil // nothing measured but the waits, as in measure
 	}
 	drift := false
 	for k := range pt.groups {
