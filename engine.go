@@ -213,6 +213,7 @@ type Engine struct {
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
 	prefetches []*Tensor
+	tm         *timer // timing events and what they measured (timing.go)
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -257,6 +258,13 @@ type Stats struct {
 	Maps, Unmaps, HostWaits int64
 	// MappedPages counts the pages those maps mapped (device.Stats).
 	MappedPages int64
+	// DriftReplans counts the times a logical layer's sampled time drifted
+	// from its policy's (WithDriftThreshold) and the Engine planned again;
+	// MeasuredPlans the policies planned on measured layer times;
+	// TimedIterations the iterations whose timing events were read;
+	// TimingErrors the device errors that left an iteration's times to the
+	// estimator (each logged as a warning).
+	DriftReplans, MeasuredPlans, TimedIterations, TimingErrors int
 	// KeptEvictions counts swap-outs (in SwapsOut) of parameters and
 	// optimizer state whose host copy was still current (no op had written
 	// them since they came back): device memory released, nothing copied;
@@ -339,6 +347,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 		e.ring[s] = r
 		e.onClose = append(e.onClose, r.close)
 	}
+	e.tm = newTimer(e)
 	e.det = cfg.detector
 	if e.det == nil {
 		det, err := seq.NewDetector(cfg.detect)

@@ -119,9 +119,11 @@ func (e *Engine) swapOut(t *Tensor) error {
 	}
 	// On a fault the tensor stays on the device and the buffer goes back:
 	// at once when nothing was queued, behind the copy when it was.
+	k := e.tm.copyBegin(e.d2h)
 	if err := e.dev.CopyD2H(buf, t.ptr, e.d2h); err != nil {
 		return faulted("copy out", t, err, func() error { return e.pool.Put(buf) })
 	}
+	e.tm.copyEnd(k, e.d2h, t.size)
 	done := e.ring[e.d2h].next()
 	if err := e.dev.Record(done, e.d2h); err != nil {
 		return faulted("copy out", t, err, func() error { return e.dev.SyncStream(e.d2h) }, func() error { return e.pool.Put(buf) })
@@ -191,9 +193,11 @@ func (e *Engine) swapIn(t *Tensor, evict bool) (bool, error) {
 	if err := e.dev.StreamWait(e.h2d, t.outDone); err != nil {
 		return false, faulted("copy in", t, err, free)
 	}
+	k := e.tm.copyBegin(e.h2d)
 	if err := e.dev.CopyH2D(ptr, t.host, e.h2d); err != nil {
 		return false, faulted("copy in", t, err, free)
 	}
+	e.tm.copyEnd(k, e.h2d, t.size)
 	ready := e.ring[e.h2d].next()
 	if err := e.dev.Record(ready, e.h2d); err != nil {
 		return false, faulted("copy in", t, err, func() error { return e.dev.SyncStream(e.h2d) }, free)

@@ -61,6 +61,7 @@ func (e *Engine) Begin() *Iteration {
 	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
 		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
+	e.tm.poll(false) // a drifted sample asks for a profile
 	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
 		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}, MemExact: true}
 		it.ord, it.keyCount = map[trace.TensorID]uint32{}, map[uint64]uint32{}
@@ -69,6 +70,7 @@ func (e *Engine) Begin() *Iteration {
 		e.policy.reset()
 		it.err = e.trimKept()
 	}
+	e.tm.begin(it.detail != nil)
 	return it
 }
 
@@ -235,6 +237,7 @@ func (it *Iteration) After(op *Op) error {
 			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 		}
 	}
+	e.tm.after(it.op)
 	it.op++
 	return nil
 }
@@ -370,7 +373,9 @@ func (it *Iteration) End() Result {
 	}
 	if d.plan {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
+		e.tm.measure(len(it.detail.Ops))
 		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
+		e.tm.planned(pol, pr)
 		if err == nil && pr.Exec != nil {
 			pol.simMS = pr.Exec.IterationUS / 1000
 		}
@@ -401,6 +406,7 @@ func (it *Iteration) End() Result {
 		attribute.Int64("bytes_out", it.bytesOut), attribute.Int64("on_demand_in", it.onDemand),
 		attribute.String("stage", res.Stage.String()))
 	it.span.End()
+	e.tm.end()
 	e.stats.Iterations++
 	return r
 }

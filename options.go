@@ -59,6 +59,7 @@ type config struct {
 	// strictPolicy: a damaged policy file fails New
 	strictPolicy bool
 	ranks        rankConfig // WithRank, WithHostBudget
+	timing       timingConfig
 }
 
 func defaultConfig() config {
@@ -70,6 +71,7 @@ func defaultConfig() config {
 		tp:         noop.NewTracerProvider(),
 		clock:      time.Now,
 		staleMatch: 0.5,
+		timing:     defaultTiming(),
 	}
 }
 
@@ -134,6 +136,9 @@ func (c *config) validate() error {
 	}
 	if c.linkSet && !(c.linkBW > 0) {
 		return fmt.Errorf("chameleon: WithLinkBandwidth(%g): want a positive rate", c.linkBW)
+	}
+	if err := c.timing.validate(); err != nil {
+		return err
 	}
 	if c.hostReserve < 0 {
 		return fmt.Errorf("chameleon: WithHostReserve(%d): negative", c.hostReserve)

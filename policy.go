@@ -64,6 +64,8 @@ type policy struct {
 	// restarted job has made them (bindPersistent); binds counts the tries.
 	eng   *Engine
 	binds int
+	// timing is its layers and their times, for a policy planned here.
+	timing *policyTiming
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -190,7 +192,7 @@ func (e *Engine) cached(k policyKey) bool {
 // by handle, activations by their match features.
 func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, ord map[trace.TensorID]uint32, key policyKey) (*policy, *plan.Result, error) {
 	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
-	opts := append(append(deviceDefaults(e.dev), e.cfg.planning...), plan.WithObserver(e.spans(ctx)))
+	opts := append(append(append(deviceDefaults(e.dev), e.cfg.planning...), e.tm.planOptions()...), plan.WithObserver(e.spans(ctx)))
 	if slices.Contains(hostRecompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
 	}

@@ -160,7 +160,10 @@ func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn f
 		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
 	}
 	x.ptr, x.state = ptr, resident
-	if err := fn(); err != nil {
+	e.tm.waitBegin() // a recompute is the policy's time, not the op's
+	err = fn()
+	e.tm.waitEnd()
+	if err != nil {
 		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
 	}
 	it.recomputes++
@@ -193,7 +196,10 @@ func (it *Iteration) resident1(p *policy, t *Tensor) error {
 		e.stats.OnDemandIn++
 	}
 	if t.state == swappedIn {
-		if err := e.dev.StreamWait(e.compute, t.ready); err != nil {
+		e.tm.waitBegin()
+		err := e.dev.StreamWait(e.compute, t.ready)
+		e.tm.waitEnd()
+		if err != nil {
 			return err
 		}
 		t.state = resident

@@ -83,6 +83,9 @@ type pool struct {
 	events []ownedEvent
 	idle   []int32
 	seq    uint64
+	// onWait, when set, is told before and after the waits one allocation
+	// queues on its stream (OnStreamWait).
+	onWait func(s Stream, after bool)
 }
 
 type ownedEvent struct {
@@ -231,16 +234,24 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		return nil, fmt.Errorf("%s: alloc %d bytes: largest free block %d of %d free (reserved %d): %w",
 			what, size, st.LargestFree, st.Free, st.Reserved, ErrOutOfMemory)
 	}
+	waited := false
 	for _, e := range b.pending {
 		if e.s == s {
 			continue // same stream: FIFO order already covers it
 		}
+		if !waited && p.onWait != nil {
+			p.onWait(s, false)
+		}
+		waited = true
 		if err := p.dev.StreamWait(s, e.ev); err != nil {
 			// The waits already queued are harmless; the block goes back
 			// with its full pending list so that its next user waits again.
 			p.a.give(b.addr, pend{}, false)
 			return nil, fmt.Errorf("%s: alloc %d bytes: wait for pending free: %w", what, size, err)
 		}
+	}
+	if waited && p.onWait != nil {
+		p.onWait(s, true)
 	}
 	p.a.release(b)
 	return b, nil
@@ -354,6 +365,19 @@ func (a *Allocator) Alloc(size int64, s Stream) (DevPtr, error) {
 		return 0, err
 	}
 	return DevPtr(b.addr), nil
+}
+
+// OnStreamWait sets a function told when an allocation makes its stream
+// wait for memory freed behind work on another stream: called with after
+// false before the first wait is queued, and with after true once the
+// allocation's waits are queued (not when queuing one failed). It runs with
+// the allocator's lock held and must not call the allocator. The Engine
+// brackets the waits with timing events, to tell a stall from compute. nil
+// turns it off.
+func (a *Allocator) OnStreamWait(f func(s Stream, after bool)) {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	a.p.onWait = f
 }
 
 // Free returns memory that no queued work uses any more.

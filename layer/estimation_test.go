@@ -253,4 +253,55 @@ const docTail = `
   neighbouring iteration, is favoured by it.
 - Not done: calibration from dur_us when no kernel file exists, fp16 GEMM efficiencies from a
   fp16 profile, and a host-time model per op kind for launch-bound steps.
+
+## Measured times (the Engine)
+
+The Engine does not plan on estimates where it can measure: it times its own
+iterations with the device's timing events (` + "`" + `device.Device.NewTimingEvent` + "`" + ` and
+` + "`" + `Elapsed` + "`" + `: CUDA events with timing, ` + "`" + `aclrtCreateEventWithFlag(ACL_EVENT_TIME_LINE)` + "`" + ` and
+` + "`" + `aclrtEventElapsedTime` + "`" + ` on Ascend, the streams' modeled clock on the host backend).
+
+- What is measured. In the profiled iteration, an event on the compute stream at Begin and
+  after every op. The groups are known only at plan time, so each op's time is read (the end
+  of its work less the end of the previous op's), and the planning path sums them per logical
+  layer (` + "`" + `plan.WithMeasured` + "`" + `): each layer takes its measured time, and the estimator only
+  splits it among the layer's ops in proportion to its own estimates. The time the compute
+  stream waits for a copy (a swapped tensor coming back, memory freed behind a copy out, as the
+  allocator reports through ` + "`" + `Allocator.OnStreamWait` + "`" + `) or runs a recompute is bracketed by a
+  pair of events and left out: it is the swaps' cost, which the plan counts itself. Plans made
+  so say ` + "`" + `plan.Result.Measured` + "`" + `; ` + "`" + `Stats.MeasuredPlans` + "`" + ` counts them.
+- The link. Every timed iteration also brackets each of the executor's copies with a pair of
+  events on its copy stream: per direction, alone, or with the other direction busy (a copy at
+  least half of whose time overlapped one the other way). Once a direction has moved 16 MiB in
+  4 copies, the next plan models its measured rate (a missing alone or shared rate is derived
+  from the other by the configured link's ratio); ` + "`" + `Engine.Link` + "`" + ` reports the figures, the
+  congestion factor (shared over alone: the slowdown of a copy when the second transfer in
+  flight runs the other way; the executor has at most one copy per direction in flight) and
+  the link the next plan models. ` + "`" + `WithLinkBandwidth` + "`" + ` fixes the link: the measurement is then
+  reported, not used.
+- In STABLE. The first iteration under a new policy, then every ` + "`" + `WithTimingEvery` + "`" + ` (default
+  10) iterations, an event at each layer's end plus the same brackets; the events are read at
+  a later Begin once they are complete (Query), never blocking the host. A layer whose compute
+  time differs from the one its policy was planned with by more than ` + "`" + `WithDriftThreshold` + "`" + `
+  (default 15%, and more than 20 µs) in two samples in a row makes the Engine profile the
+  next iteration and plan again (` + "`" + `Stats.DriftReplans` + "`" + `). ` + "`" + `Engine.GroupTimes` + "`" + ` gives each
+  layer's planned, simulated (the policy's simulated timeline, stalls included) and sampled
+  times (compute, and everything on the compute stream).
+- The cost. Profiled iteration (once per plan): one timing event recorded per op, two per
+  wait for a copy and per copy, then at End one host wait for the device to finish the
+  iteration (the planning that follows holds the host longer) and one ` + "`" + `Elapsed` + "`" + ` per event
+  (about a microsecond each). A STABLE sample: groups + 1 events on the compute stream, two
+  per wait and per copy, no host wait; at the default of 65 groups every 10 iterations, about
+  7 records per iteration plus 0.2 per copy, a few microseconds of host time (a timing record
+  costs 1-3 µs on CUDA) against steps of tens of milliseconds. Events are pooled and reused.
+- Failures. A device without timing events (` + "`" + `ErrNotSupported` + "`" + `) turns timing off with a
+  warning; any other timing error leaves that iteration's times to the estimator with a
+  warning (` + "`" + `Stats.TimingErrors` + "`" + `) and never fails the iteration. ` + "`" + `WithMeasuredTimes(false)` + "`" + `
+  plans on the estimator and the configured link.
+- Limits. On the host backend the clock counts modeled time only (copies on the link model,
+  kernels queued with ` + "`" + `LaunchFor` + "`" + `); kernels queued with ` + "`" + `Launch` + "`" + ` take no time, so an iteration
+  whose measured compute is under 1% of its stream time is not used and the estimator plans.
+  An op's time from events is the stream's timeline: when the host launches slower than the
+  device runs, it includes the device's idle time waiting for the launch, which is the
+  step's real time, but it makes per-op times unreliable: the layer is what is used.
 `

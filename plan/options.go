@@ -39,7 +39,8 @@ type config struct {
 	recorded  bool
 	observer  Observer
 	recompute func(it *trace.Iteration) []bool
-	hostLimit int64 // WithHostLimit; 0: none
+	hostLimit int64     // WithHostLimit; 0: none
+	measured  []float64 // per op, µs (WithMeasured)
 }
 
 func (c config) observe(s Stage) func(*Result, error) {

@@ -105,8 +105,11 @@ type Result struct {
 	Model *memory.Model
 	Curve []int64
 	// Groups are the logical layers; OpTimes each op's estimated time (µs).
-	Groups  []layer.Group
-	OpTimes []float64
+	// Measured says the groups' times are measured ones (WithMeasured),
+	// which the estimate only split among each group's ops.
+	Groups   []layer.Group
+	OpTimes  []float64
+	Measured bool
 	// Limit is the limit asked for; Planned the tier the policy meets.
 	Limit, Planned int64
 	// Policy holds the swaps and the planner's simulation of them; nil when
@@ -255,6 +258,9 @@ func prepare(cfg config, in Input) (*Result, error) {
 	var err error
 	if len(r.OpTimes) != len(it.Ops) {
 		err = fmt.Errorf("plan: the estimator gave %d op times for %d ops", len(r.OpTimes), len(it.Ops))
+	} else if cfg.measured != nil {
+		r.OpTimes, err = splitMeasured(r.OpTimes, cfg.measured, r.Groups)
+		r.Measured = err == nil
 	}
 	done(r, err)
 	if err != nil {

@@ -159,7 +159,7 @@ type Device struct {
 	closed  atomic.Bool
 
 	streams *native.Table[device.Stream, struct{}]
-	events  *native.Table[device.Event, *atomic.Bool] // recorded at least once
+	events  *native.Table[device.Event, *eventState]
 
 	// vmm maps pages (device.Mapper); nil when it cannot, and mapErr says
 	// why.
@@ -217,7 +217,7 @@ func open(a *api, cfg config) (*Device, error) {
 		ctx:     ctx,
 		compute: cfg.stream,
 		streams: native.NewTable[device.Stream, struct{}]("ascend", "stream"),
-		events:  native.NewTable[device.Event, *atomic.Bool]("ascend", "event"),
+		events:  native.NewTable[device.Event, *eventState]("ascend", "event"),
 		name:    fmt.Sprintf("npu:%d", cfg.id),
 	}
 	// n is also destMax: every destination range is exactly the copy's size.

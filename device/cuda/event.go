@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/internal/dl"
@@ -22,6 +23,8 @@ type eventFuncs struct {
 	cudaEventSynchronize func(event uintptr) int32
 	// cudaError_t cudaEventDestroy(cudaEvent_t event);
 	cudaEventDestroy func(event uintptr) int32
+	// cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+	cudaEventElapsedTime func(ms *float32, start, end uintptr) int32
 }
 
 func (f *eventFuncs) load(l *dl.Library) error {
@@ -31,6 +34,7 @@ func (f *eventFuncs) load(l *dl.Library) error {
 		dl.Func{Ptr: &f.cudaEventQuery, Name: "cudaEventQuery"},
 		dl.Func{Ptr: &f.cudaEventSynchronize, Name: "cudaEventSynchronize"},
 		dl.Func{Ptr: &f.cudaEventDestroy, Name: "cudaEventDestroy"},
+		dl.Func{Ptr: &f.cudaEventElapsedTime, Name: "cudaEventElapsedTime"},
 	)
 	if err != nil {
 		return err
@@ -57,6 +61,37 @@ func (d *Device) NewEvent() (device.Event, error) {
 	return d.events.Create(func(e *uintptr) error {
 		return check("cudaEventCreateWithFlags", d.api.cudaEventCreateWithFlags(e, eventDisableTiming))
 	}, struct{}{})
+}
+
+// NewTimingEvent implements device.Device with cudaEventCreateWithFlags
+// (cudaEventDefault: timing on).
+func (d *Device) NewTimingEvent() (device.Event, error) {
+	if err := d.enter("new timing event"); err != nil {
+		return 0, err
+	}
+	defer d.leave()
+	return d.events.Create(func(e *uintptr) error {
+		return check("cudaEventCreateWithFlags", d.api.cudaEventCreateWithFlags(e, 0))
+	}, struct{}{})
+}
+
+// Elapsed implements device.Device with cudaEventElapsedTime, whose
+// cudaErrorNotReady is device.ErrNotReady; an event without timing or never
+// recorded is cudaErrorInvalidResourceHandle, device.ErrInvalidValue.
+func (d *Device) Elapsed(start, end device.Event) (time.Duration, error) {
+	if err := d.enter("elapsed"); err != nil {
+		return 0, err
+	}
+	defer d.leave()
+	var ms float32
+	switch rc := d.api.cudaEventElapsedTime(&ms, uintptr(start), uintptr(end)); Error(rc) {
+	case 0:
+		return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+	case ErrorNotReady:
+		return 0, fmt.Errorf("cuda: elapsed from event %#x to %#x: %w", uintptr(start), uintptr(end), device.ErrNotReady)
+	default:
+		return 0, fmt.Errorf("cuda: elapsed from event %#x to %#x: %w", uintptr(start), uintptr(end), fail("cudaEventElapsedTime", rc))
+	}
 }
 
 // DestroyEvent implements device.Device.

@@ -1,7 +1,7 @@
 // Package devicetest is the conformance suite every device.Device backend
 // passes: memory, copies in both directions with offsets, FIFO order per
-// stream, CUDA event semantics, cross-stream waits, memory info, and the
-// Allocator and HostPool swap path on top of the backend.
+// stream, CUDA event semantics, timing events, cross-stream waits, memory
+// info, and the Allocator and HostPool swap path on top of the backend.
 //
 // Ordering checks only bite on backends whose copies take time; the host
 // backend runs the suite with its link model on for that reason.
@@ -13,6 +13,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,6 +36,7 @@ func Run(t *testing.T, newDev func(t *testing.T) device.Device) {
 		{"FIFO", testFIFO},
 		{"Events", testEvents},
 		{"StreamWait", testStreamWait},
+		{"Timing", testTiming},
 		{"AllocatorSwap", testAllocatorSwap},
 		{"HostPool", testHostPool},
 	}
@@ -282,6 +284,52 @@ func testStreamWait(t *testing.T, d device.Device) {
 		require.NoError(t, d.SyncStream(s2))
 		equal(t, want, out.Bytes(), "s2 saw s1's copy through the event")
 	}
+}
+
+// testTiming checks the timing events' contract: Elapsed between two
+// records on one stream and across streams, the sign, and the refusals (an
+// event never recorded, one made without timing).
+func testTiming(t *testing.T, d device.Device) {
+	newTiming := func() device.Event {
+		e, err := d.NewTimingEvent()
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, d.DestroyEvent(e)) })
+		return e
+	}
+	start, end, other := newTiming(), newTiming(), newTiming()
+	_, err := d.Elapsed(start, end)
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "never recorded")
+
+	const n = 4 << 20
+	s1, s2 := newStream(t, d), newStream(t, d)
+	p := devBuf(t, d, n)
+	want := pattern(7, n)
+	src := hostBuf(t, d, want)
+	out := hostBuf(t, d, make([]byte, n))
+	require.NoError(t, d.Record(start, s1))
+	require.NoError(t, d.CopyH2D(p, src, s1))
+	require.NoError(t, d.Record(end, s1))
+	require.NoError(t, d.StreamWait(s2, end))
+	require.NoError(t, d.CopyD2H(out, p, s2))
+	require.NoError(t, d.Record(other, s2))
+	require.NoError(t, d.SyncEvent(other))
+	equal(t, want, out.Bytes(), "timing events order work as events do")
+
+	el, err := d.Elapsed(start, end)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, el, time.Duration(0), "a copy takes no negative time")
+	back, err := d.Elapsed(end, start)
+	require.NoError(t, err)
+	assert.Equal(t, -el, back, "reversed, the sign flips")
+	cross, err := d.Elapsed(start, other)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, cross, el, "the copy on s2 ran after the one it waited for")
+
+	plain := newEvent(t, d)
+	require.NoError(t, d.Record(plain, s1))
+	require.NoError(t, d.SyncStream(s1))
+	_, err = d.Elapsed(start, plain)
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "an event without timing")
 }
 
 // testAllocatorSwap runs the swap path: a block is swapped out on a copy

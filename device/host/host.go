@@ -100,7 +100,8 @@ type Device struct {
 	events     map[device.Event]*event
 	nextEvent  device.Event
 
-	links   [2]sync.Mutex // H2D, D2H
+	links   [2]sync.Mutex    // H2D, D2H
+	linkAt  [2]time.Duration // when each direction's link is free, in modeled time; under links
 	workers sync.WaitGroup
 }
 

@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/chameleon-go/chameleon/device"
 )
@@ -29,6 +30,25 @@ func (d *Device) Launch(s device.Stream, fn func()) error {
 		return err
 	}
 	st.push(op{kind: opFunc, fn: fn})
+	return nil
+}
+
+// LaunchFor is Launch of a kernel that takes cost on the stream's modeled
+// clock (see Elapsed): fn runs as with Launch, and timing events recorded
+// after it read cost later than those recorded before, however long fn
+// itself took. fn may be nil: the stream is then only busy for cost, in
+// modeled time, and returns at once.
+func (d *Device) LaunchFor(s device.Stream, cost time.Duration, fn func()) error {
+	if cost < 0 {
+		return fmt.Errorf("host: launch for %v: negative cost: %w", cost, device.ErrInvalidValue)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, err := d.stream("launch", s)
+	if err != nil {
+		return err
+	}
+	st.push(op{kind: opFunc, fn: fn, cost: cost})
 	return nil
 }
 

@@ -16,13 +16,17 @@ type stream struct {
 	q       []op
 	busy    bool // the worker is running an op it took off q
 	stopped bool
+	// now is the stream's modeled clock as of the last op it ran (see
+	// Device's Elapsed), written by the worker with busy cleared.
+	now time.Duration
 }
 
-// idle reports whether everything queued on s so far has completed.
-func (s *stream) idle() bool {
+// idleNow reports whether everything queued on s so far has completed, and
+// then the stream's modeled clock.
+func (s *stream) idleNow() (bool, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.q) == 0 && !s.busy
+	return len(s.q) == 0 && !s.busy, s.now
 }
 
 type opKind uint8
@@ -31,7 +35,8 @@ const (
 	opCopy opKind = iota
 	opSignal
 	opWait
-	opFunc // a host function queued with Launch
+	opFunc  // a host function queued with Launch
+	opClock // moves the modeled clock to at, if behind: a wait on work already done
 )
 
 // Link directions for the link model; D2D copies do not use the link.
@@ -47,12 +52,18 @@ type op struct {
 	dst, src []byte
 	f        *fence
 	fn       func()
+	// cost is the modeled time of an opFunc (LaunchFor); at the time an
+	// opClock moves the clock to.
+	cost, at time.Duration
 }
 
 // fence marks a point in a stream: it is closed once the stream's work up to
 // that point has run. Every Record makes a new fence, so a StreamWait keeps
 // waiting for the record it saw even if the event is recorded again.
-type fence struct{ ch chan struct{} }
+type fence struct {
+	ch chan struct{}
+	at time.Duration // the stream's modeled clock when it was reached, set before ch closes
+}
 
 func newFence() *fence { return &fence{ch: make(chan struct{})} }
 
@@ -73,6 +84,20 @@ func (f *fence) done() bool {
 
 type event struct {
 	cur *fence // nil: never recorded, so complete
+	// timing: made by NewTimingEvent, its records carry a time (a fence of
+	// their own even on an idle stream).
+	timing bool
+	// idleAt is the modeled clock of the idle stream the event was last
+	// recorded on (cur is doneFence then).
+	idleAt time.Duration
+}
+
+// at is the modeled time of the event's latest record, which is complete.
+func (e *event) at() time.Duration {
+	if e.cur == doneFence {
+		return e.idleAt
+	}
+	return e.cur.at
 }
 
 // startStream starts a stream goroutine. Called with d.mu held or before d
@@ -116,22 +141,35 @@ func (d *Device) run(s *stream) {
 		s.q[0] = op{}
 		s.q = s.q[1:]
 		s.busy = true
+		now := s.now
 		s.mu.Unlock()
-		d.exec(o)
+		now = d.exec(o, now)
 		s.mu.Lock()
 		s.busy = false
+		s.now = now
 		s.mu.Unlock()
 	}
 }
 
-func (d *Device) exec(o op) {
+// exec runs o on a stream whose modeled clock reads now, and returns the
+// clock after it. The clock counts modeled time alone: a copy's time on the
+// link model (WithBandwidth), a LaunchFor's cost, and waits for work on
+// other streams; the host's own time never moves it.
+func (d *Device) exec(o op, now time.Duration) time.Duration {
 	switch o.kind {
 	case opSignal:
+		o.f.at = now
 		close(o.f.ch)
 	case opWait:
 		<-o.f.ch
+		now = max(now, o.f.at)
+	case opClock:
+		now = max(now, o.at)
 	case opFunc:
-		o.fn()
+		if o.fn != nil {
+			o.fn()
+		}
+		now += o.cost
 	case opCopy:
 		var bw float64
 		switch o.dir {
@@ -142,13 +180,18 @@ func (d *Device) exec(o op) {
 		}
 		if bw <= 0 {
 			copy(o.dst, o.src)
-			return
+			return now
 		}
+		dur := time.Duration(float64(len(o.dst)) / bw * float64(time.Second))
 		d.links[o.dir].Lock()
-		d.cfg.sleep(time.Duration(float64(len(o.dst)) / bw * float64(time.Second)))
+		d.cfg.sleep(dur)
 		copy(o.dst, o.src)
+		// One direction's copies take turns on the link, in modeled time too.
+		now = max(now, d.linkAt[o.dir]) + dur
+		d.linkAt[o.dir] = now
 		d.links[o.dir].Unlock()
 	}
+	return now
 }
 
 // DefaultStream implements device.Device.
@@ -263,6 +306,47 @@ func (d *Device) NewEvent() (device.Event, error) {
 	return h, nil
 }
 
+// NewTimingEvent implements device.Device. Its records carry the stream's
+// modeled clock (see Elapsed).
+func (d *Device) NewTimingEvent() (device.Event, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, fmt.Errorf("host: new timing event: %w", device.ErrClosed)
+	}
+	h := d.nextEvent
+	d.nextEvent++
+	d.events[h] = &event{timing: true}
+	return h, nil
+}
+
+// Elapsed implements device.Device on the streams' modeled clocks: each
+// stream's clock advances by the modeled time of the work it runs (a copy's
+// time on the link model of WithBandwidth, the cost of a LaunchFor) and, at a
+// StreamWait, to the time of the work waited for; time the host spends
+// between calls does not count. With no link model and no LaunchFor, every
+// elapsed time is zero.
+func (d *Device) Elapsed(start, end device.Event) (time.Duration, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var at [2]time.Duration
+	for i, h := range [2]device.Event{start, end} {
+		e, err := d.event("elapsed", h)
+		switch {
+		case err != nil:
+			return 0, err
+		case !e.timing:
+			return 0, fmt.Errorf("host: elapsed: event %d was not made by NewTimingEvent: %w", h, device.ErrInvalidValue)
+		case e.cur == nil:
+			return 0, fmt.Errorf("host: elapsed: event %d was never recorded: %w", h, device.ErrInvalidValue)
+		case !e.cur.done():
+			return 0, fmt.Errorf("host: elapsed: event %d: %w", h, device.ErrNotReady)
+		}
+		at[i] = e.at()
+	}
+	return at[1] - at[0], nil
+}
+
 // DestroyEvent implements device.Device. Waits already queued on the event
 // still resolve.
 func (d *Device) DestroyEvent(h device.Event) error {
@@ -287,8 +371,15 @@ func (d *Device) Record(h device.Event, sh device.Stream) error {
 	if err != nil {
 		return err
 	}
-	if s.idle() {
-		e.cur = doneFence
+	if idle, now := s.idleNow(); idle {
+		if e.timing {
+			f := newFence()
+			f.at = now
+			close(f.ch)
+			e.cur = f
+			return nil
+		}
+		e.cur, e.idleAt = doneFence, now
 		return nil
 	}
 	f := newFence()
@@ -309,8 +400,13 @@ func (d *Device) StreamWait(sh device.Stream, h device.Event) error {
 	if err != nil {
 		return err
 	}
-	if e.cur != nil && !e.cur.done() {
+	switch {
+	case e.cur == nil:
+	case !e.cur.done():
 		s.push(op{kind: opWait, f: e.cur})
+	case e.at() > 0:
+		// Done already, but later in modeled time than s may be.
+		s.push(op{kind: opClock, at: e.at()})
 	}
 	return nil
 }

@@ -95,6 +95,8 @@ type options struct {
 	verify        bool
 	recompute     bool
 	phaseTimes    bool
+	timing        bool
+	estimated     bool
 	quiet         bool
 }
 
@@ -128,6 +130,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.phaseTimes, "phase-times", false, "wait for the device at the end of each forward and report forward and backward times apart (one more sync per step)")
 	fs.BoolVar(&o.verify, "verify", false, "run the unlimited baseline for all --steps and compare the loss curves bit for bit")
 	fs.BoolVar(&o.recompute, "recompute", false, "let the Engine drop activations of the forward's ops and run the ops again before their use, beside swaps")
+	fs.BoolVar(&o.timing, "timing", false, "print the policy's layer times (planned, simulated, sampled on the device) and the link the executor's copies measured against the raw copy rate")
+	fs.BoolVar(&o.estimated, "estimated", false, "plan on the estimator's op times and the configured link, not on measured ones (chameleon.WithMeasuredTimes(false))")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -330,6 +334,15 @@ func run(args []string, out, stderr io.Writer) error {
 	if !o.quiet {
 		cfg.Progress = func(s Step) { printStep(out, s, o.dynamic) }
 	}
+	if o.estimated {
+		cfg.Options = append(cfg.Options, chameleon.WithMeasuredTimes(false))
+	}
+	var raw *rawRates
+	if o.timing {
+		if raw, err = rawLink(b.dev, rawCopyBytes(limit), 4); err != nil {
+			return fmt.Errorf("raw copy rate: %w", err)
+		}
+	}
 	fmt.Fprintf(out, "limited run: %d steps, limit %s (%.0f%% of the unlimited peak); the unlimited peak less persistent bytes is %.2fx the limit\n",
 		cfg.Steps, bytesStr(limit), 100*float64(limit)/float64(peak), float64(peak-m.PersistentBytes())/float64(limit))
 	rep, err := Train(b.dev, b.kernels, cfg)
@@ -337,6 +350,9 @@ func run(args []string, out, stderr io.Writer) error {
 		return fmt.Errorf("limited run: %w", err)
 	}
 	printSummary(out, o, baseRep, rep, limit, peak, baseMS)
+	if o.timing {
+		printTiming(out, rep, raw)
+	}
 	return nil
 }
 

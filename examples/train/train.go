@@ -93,6 +93,11 @@ type Report struct {
 	// one's forward ends.
 	Sims         []*simulate.Result
 	SimForwardUS []float64
+	// Groups are the logical layers of the policy in force at the end,
+	// with their planned, simulated and sampled times; Link the host link
+	// as the executor's copies measured it (chameleon.Engine.Link).
+	Groups []chameleon.GroupTime
+	Link   chameleon.LinkStats
 }
 
 // Losses returns the loss of every step.
@@ -200,6 +205,7 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 	if err := dev.SyncStream(eng.ComputeStream()); err != nil {
 		return rep, err
 	}
+	rep.Groups, rep.Link = eng.GroupTimes(), eng.Link()
 	rep.Stats = eng.Stats()
 	return rep, nil
 }

@@ -9,6 +9,7 @@
 // reserved page that is not mapped fails, as the NPU would fault.
 //
 // Variants: -DOMIT_QUERY drops aclrtQueryEventStatus (missing-symbol test),
+// -DOMIT_TIMING drops the event timing calls (an older runtime),
 // -DOMIT_VMM drops the virtual memory calls, -DFAKE_SOC='"..."' sets the
 // SoC name.
 #include <stdint.h>
@@ -37,7 +38,7 @@ enum {
 #define EVENT_MAGIC 0x4556544eU
 
 struct alloc { void *p; size_t n; int host; };
-struct obj { unsigned magic; int recorded; };
+struct obj { unsigned magic; int recorded; unsigned flags; long long t; };
 
 static struct alloc allocs[MAX_ALLOCS];
 static size_t total = (size_t)1 << 30, used;
@@ -46,6 +47,8 @@ static int ctxs[2];
 static __thread void *current_ctx;
 static long long alloc_calls, fail_alloc_at = -1;
 static int fail_copy_code, query_not_ready;
+static long long clock_ns;                /* the device clock events record */
+static int elapsed_not_ready, fail_elapsed_code;
 static long long last[16];
 static void vmm_reset(void);
 static int vmm_check(const void *p, size_t n);
@@ -58,6 +61,7 @@ __attribute__((constructor)) void fake_reset(void) {
     used = 0;
     total = (size_t)1 << 30;
     alloc_calls = 0; fail_alloc_at = -1; fail_copy_code = 0; query_not_ready = 0;
+    clock_ns = 0; elapsed_not_ready = 0; fail_elapsed_code = 0;
     memset(last, 0, sizeof last);
     vmm_reset();
 }
@@ -65,6 +69,10 @@ void fake_set_total(long long n) { total = (size_t)n; }
 void fake_fail_alloc_after(long long n) { fail_alloc_at = alloc_calls + n; }
 void fake_fail_next_copy(int code) { fail_copy_code = code; }
 void fake_query_not_ready(int n) { query_not_ready = n; }
+/* Event timing: records stamp the clock, which only tests move. */
+void fake_advance_clock(long long ns) { clock_ns += ns; }
+void fake_elapsed_not_ready(int n) { elapsed_not_ready = n; }
+void fake_fail_next_elapsed(int code) { fail_elapsed_code = code; }
 long long fake_last(int i) { return last[i]; }
 int fake_initialized(void) { return initialized; }
 /* Drops this thread's context, as on a thread that never called aclrtSetDevice. */
@@ -202,8 +210,32 @@ int aclrtRecordEvent(void *e, void *s) {
     NEED_CTX();
     if (!valid_event(e) || !valid_stream(s)) return ACL_ERROR_INVALID_PARAM;
     ((struct obj *)e)->recorded = 1;
+    ((struct obj *)e)->t = clock_ns;
     return ACL_SUCCESS;
 }
+#ifndef OMIT_TIMING
+int aclrtCreateEventWithFlag(void **e, unsigned flag) {
+    NEED_CTX();
+    struct obj *o = calloc(1, sizeof *o);
+    o->magic = EVENT_MAGIC; o->flags = flag; *e = o;
+    return ACL_SUCCESS;
+}
+/* Events without ACL_EVENT_TIME_LINE (0x8) are refused; a never-recorded
+   one is not complete. */
+int aclrtEventElapsedTime(float *ms, void *start, void *end) {
+    NEED_CTX();
+    if (!ms || !valid_event(start) || !valid_event(end)) return ACL_ERROR_INVALID_PARAM;
+    struct obj *a = start, *b = end;
+    if (!(a->flags & 0x8) || !(b->flags & 0x8)) return ACL_ERROR_INVALID_PARAM;
+    if (fail_elapsed_code) { int c = fail_elapsed_code; fail_elapsed_code = 0; return c; }
+    if (!a->recorded || !b->recorded || elapsed_not_ready > 0) {
+        if (elapsed_not_ready > 0) elapsed_not_ready--;
+        return 507006; /* ACL_ERROR_RT_EVENT_NOT_COMPLETE */
+    }
+    *ms = (float)((double)(b->t - a->t) / 1e6);
+    return ACL_SUCCESS;
+}
+#endif
 #ifndef OMIT_QUERY
 int aclrtQueryEventStatus(void *e, int *status) {
     NEED_CTX();

@@ -39,7 +39,7 @@ enum {
 #define EVENT_MAGIC 0x4556544eU
 
 struct alloc { void *p; size_t n; int host; };
-struct obj { unsigned magic; unsigned flags; int recorded; };
+struct obj { unsigned magic; unsigned flags; int recorded; long long t; };
 
 static struct alloc allocs[MAX_ALLOCS];
 static size_t total = (size_t)1 << 30, used;
@@ -47,6 +47,9 @@ static int device_count = 2, current_device;
 static long long alloc_calls, fail_alloc_at = -1;  /* fail the N-th cudaMalloc from now */
 static int fail_copy_code;                         /* next cudaMemcpyAsync returns this */
 static int query_not_ready;                        /* next N cudaEventQuery return 600 */
+static long long clock_ns;                         /* the device clock events record */
+static int elapsed_not_ready;                      /* next N cudaEventElapsedTime return 600 */
+static int fail_elapsed_code;                      /* next cudaEventElapsedTime returns this */
 static long long last[16];
 static void vmm_reset(void);
 static int vmm_check(const void *p, size_t n);
@@ -70,6 +73,7 @@ __attribute__((constructor)) void fake_reset(void) {
     fail_alloc_at = -1;
     fail_copy_code = 0;
     query_not_ready = 0;
+    clock_ns = 0; elapsed_not_ready = 0; fail_elapsed_code = 0;
     memset(last, 0, sizeof last);
     vmm_reset();
 }
@@ -77,6 +81,10 @@ void fake_set_total(long long n) { total = (size_t)n; }
 void fake_fail_alloc_after(long long n) { fail_alloc_at = alloc_calls + n; }
 void fake_fail_next_copy(int code) { fail_copy_code = code; }
 void fake_query_not_ready(int n) { query_not_ready = n; }
+/* Event timing: records stamp the clock, which only tests move. */
+void fake_advance_clock(long long ns) { clock_ns += ns; }
+void fake_elapsed_not_ready(int n) { elapsed_not_ready = n; }
+void fake_fail_next_elapsed(int code) { fail_elapsed_code = code; }
 long long fake_last(int i) { return last[i]; }
 long long fake_live_allocs(void) {
     long long n = 0;
@@ -215,6 +223,19 @@ int cudaEventRecord(void *e, void *s) {
     last[L_RECORDS]++;
     if (!valid_event(e) || !valid_stream(s)) return cudaErrorInvalidResourceHandle;
     ((struct obj *)e)->recorded = 1;
+    ((struct obj *)e)->t = clock_ns;
+    return cudaSuccess;
+}
+/* As CUDA: events made with cudaEventDisableTiming (0x02), or never
+   recorded, are invalid handles here. */
+int cudaEventElapsedTime(float *ms, void *start, void *end) {
+    if (!ms) return cudaErrorInvalidValue;
+    if (!valid_event(start) || !valid_event(end)) return cudaErrorInvalidResourceHandle;
+    struct obj *a = start, *b = end;
+    if ((a->flags & 0x02) || (b->flags & 0x02) || !a->recorded || !b->recorded) return cudaErrorInvalidResourceHandle;
+    if (fail_elapsed_code) { int c = fail_elapsed_code; fail_elapsed_code = 0; return c; }
+    if (elapsed_not_ready > 0) { elapsed_not_ready--; return cudaErrorNotReady; }
+    *ms = (float)((double)(b->t - a->t) / 1e6);
     return cudaSuccess;
 }
 #ifndef OMIT_EVENT_QUERY
