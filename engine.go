@@ -126,7 +126,9 @@ type Tensor struct {
 	// kept: resident again, t still holds the host copy it came back from,
 	// which stays current until an op writes t (lists it in Out): a swap
 	// out until then releases the device memory and copies nothing.
-	kept     bool
+	kept bool
+	// keepHost: keep the host copy at the coming swap-in (policy.keepIn).
+	keepHost bool
 	produced bool
 	// written: a Frozen tensor's bytes were set (Fill, or its first op).
 	written  bool
@@ -265,9 +267,10 @@ type Stats struct {
 	// TimingErrors the device errors that left an iteration's times to the
 	// estimator (each logged as a warning).
 	DriftReplans, MeasuredPlans, TimedIterations, TimingErrors int
-	// KeptEvictions counts swap-outs (in SwapsOut) of parameters and
-	// optimizer state whose host copy was still current (no op had written
-	// them since they came back): device memory released, nothing copied;
+	// KeptEvictions counts swap-outs (in SwapsOut) of tensors whose host
+	// copy was still current (parameters, optimizer state, and activations
+	// the plan swaps out again, that no op had written since they came
+	// back): device memory released, nothing copied;
 	// KeptBytes their bytes, which SwappedOutBytes does not count.
 	KeptEvictions, KeptBytes int64
 	// PeakHostBytes is the most pinned host memory in use at once.

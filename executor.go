@@ -202,10 +202,12 @@ func (e *Engine) swapIn(t *Tensor, evict bool) (bool, error) {
 	if err := e.dev.Record(ready, e.h2d); err != nil {
 		return false, faulted("copy in", t, err, func() error { return e.dev.SyncStream(e.h2d) }, free)
 	}
-	if t.kind.persistent() {
+	if t.keepHost || t.kind.persistent() {
 		// Parameters and optimizer state often come back only to be read
-		// (frozen weights, every weight at inference): the host copy is
-		// kept, current until an op writes the tensor.
+		// (frozen weights, every weight at inference), and so does an
+		// activation the plan swaps out again unwritten (keepHost): the
+		// host copy is kept, current until an op writes the tensor.
+		t.keepHost = false
 		t.ptr, t.ready, t.state, t.kept = ptr, ready, swappedIn, true
 		e.stats.SwapsIn++
 		e.stats.SwappedInBytes += t.size

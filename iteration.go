@@ -103,6 +103,7 @@ func (it *Iteration) Before(op *Op) error {
 			if t == nil || t.released || t.state != swapped {
 				continue
 			}
+			t.keepHost = p.keepIn[k]
 			ok, err := e.swapIn(t, false)
 			if err != nil {
 				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)

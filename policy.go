@@ -66,6 +66,10 @@ type policy struct {
 	binds int
 	// timing is its layers and their times, for a policy planned here.
 	timing *policyTiming
+	// keepIn says, per swap, that the tensor's host copy is kept when it
+	// comes back: a later swap of it copies nothing out (NoCopyOut), as
+	// the plan counted (an activation swapped twice, unwritten between).
+	keepIn []bool
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -154,6 +158,16 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 		ords = nil
 	}
 	p.matcher = match.NewOrdered(cfg, mf, ords)
+	p.keepIn = make([]bool, len(swaps))
+	for _, ks := range p.matchSwap {
+		for _, i := range ks {
+			for _, j := range ks {
+				if swaps[j].NoCopyOut && swaps[j].Out > swaps[i].Out {
+					p.keepIn[i] = true
+				}
+			}
+		}
+	}
 
 	return p
 }

@@ -488,3 +488,25 @@ func FuzzPolicyFile(f *testing.F) {
 		}
 	})
 }
+
+// TestPolicyFileKeepsNoCopyOut: a swap that copies nothing out ("d2h":
+// false) survives a load and a save; one without the field stays a copy.
+func TestPolicyFileKeepsNoCopyOut(t *testing.T) {
+	data := mutate(t, savedRecompute(t), func(m map[string]any) { entry(m, "swaps", 1)["d2h"] = false })
+	tr := testtraces.Read(t, testtraces.Small)
+	limit := replay.PeakBytes(tr) / 1024 * 85 / 100 // the limit it was planned for: no update
+	dev, err := host.New(limit)
+	require.NoError(t, err)
+	defer dev.Close()
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(limit))
+	require.NoError(t, err)
+	defer eng.Close()
+	require.NoError(t, eng.LoadPolicies(bytes.NewReader(data), "d2h.json"))
+	var b bytes.Buffer
+	require.NoError(t, eng.SavePolicies(&b))
+	var saved map[string]any
+	require.NoError(t, json.Unmarshal(b.Bytes(), &saved))
+	assert.Equal(t, false, entry(saved, "swaps", 1)["d2h"], "kept through load and save")
+	_, has := entry(saved, "swaps", 0)["d2h"]
+	assert.False(t, has, "a swap with a copy out has no d2h field")
+}

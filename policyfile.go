@@ -107,6 +107,9 @@ type fileSwap struct {
 	Use      int            `json:"in_before_op"`
 	IssueOut int            `json:"issue_out_after_op"`
 	IssueIn  int            `json:"issue_in_at_op"`
+	// D2H false: the swap copies nothing out (simulate.Swap.NoCopyOut);
+	// absent, a copy out, as in files written before the field.
+	D2H *bool `json:"d2h,omitempty"`
 }
 
 type fileRecompute struct {
@@ -782,8 +785,12 @@ func encodePolicy(p *policy) filePolicy {
 	}
 	for i, s := range p.swaps {
 		addT(s.Tensor, s.Bytes, &p.tensors[i])
-		fp.Swaps = append(fp.Swaps, fileSwap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use,
-			IssueOut: ip.OutOp[i], IssueIn: ip.InOp[i]})
+		fs := fileSwap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use,
+			IssueOut: ip.OutOp[i], IssueIn: ip.InOp[i]}
+		if s.NoCopyOut {
+			fs.D2H = new(bool)
+		}
+		fp.Swaps = append(fp.Swaps, fs)
 	}
 	fp.OutOrder, fp.InOrder = slices.Clone(ip.OutOrder), slices.Clone(ip.InOrder)
 	if fp.OutOrder == nil {
@@ -875,7 +882,8 @@ func (e *Engine) decodePolicy(fp *filePolicy) *policy {
 	ip := &simulate.IssuePlan{OutOp: make([]int, len(fp.Swaps)), InOp: make([]int, len(fp.Swaps)),
 		OutOrder: slices.Clone(fp.OutOrder), InOrder: slices.Clone(fp.InOrder)}
 	for i, s := range fp.Swaps {
-		swaps[i] = simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
+		swaps[i] = simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use,
+			NoCopyOut: s.D2H != nil && !*s.D2H}
 		tensors[i] = planned(s.Tensor)
 		ip.OutOp[i], ip.InOp[i] = s.IssueOut, s.IssueIn
 	}

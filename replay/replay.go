@@ -514,7 +514,11 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 			seen[id] = true
 			op.In = append(op.In, l.t)
 		}
+		view := layer.Classify(it, o) == layer.KindView
 		for _, id := range o.Out {
+			if view && it.Tensors[id].Frozen && slices.Contains(o.In, id) {
+				continue // a view of a read-only weight writes nothing
+			}
 			if !seen[id] && !it.Tensors[id].Kind.Persistent() {
 				// First appearance in this iteration as an output: a new
 				// allocation (an id from an earlier round is replaced).
@@ -551,7 +555,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		}
 		// A view's output is its input's storage, unchanged; every other
 		// output gets a fresh pattern.
-		if layer.Classify(it, o) != layer.KindView {
+		if !view {
 			for _, id := range o.Out {
 				*gen++
 				if err := r.write(id, *gen); err != nil {
@@ -654,7 +658,12 @@ func (r *runner) get(it *trace.Iteration, id trace.TensorID, out bool) (*live, e
 	}
 	tt := it.Tensors[id]
 	kind := chameleon.Activation
-	if tt.Kind.Persistent() {
+	switch {
+	case tt.Frozen && tt.Kind == trace.KindParam:
+		// Read-only for the run: set once (Fill) and never copied out
+		// again.
+		kind = chameleon.Frozen
+	case tt.Kind.Persistent():
 		kind = chameleon.Persistent
 	}
 	size, err := Scaled(tt.Bytes, r.scale) // checked by checkSizes
@@ -669,8 +678,27 @@ func (r *runner) get(it *trace.Iteration, id trace.TensorID, out bool) (*live, e
 	r.tensors[id] = l
 	if !out {
 		// Live-in storage first seen as an input (parameters, state made
-		// before the trace): give it contents now.
-		if err := r.write(id, uint64(id)<<32|0xfeed); err != nil {
+		// before the trace): give it contents now; a frozen parameter
+		// through Fill, its one write.
+		gen := uint64(id)<<32 | 0xfeed
+		if kind == chameleon.Frozen {
+			l.gen = gen
+			n := int(size)
+			if cap(r.buf) < n {
+				r.buf = make([]byte, n)
+			}
+			b := r.buf[:n]
+			if r.checked(id) {
+				fill(b, id, gen)
+			} else {
+				clear(b)
+			}
+			if err := r.eng.Fill(t, b); err != nil {
+				return nil, fmt.Errorf("tensor %d (%d bytes, declared at %s): %w", id, tt.Bytes, where(r.tr, tt.Line), err)
+			}
+			return l, nil
+		}
+		if err := r.write(id, gen); err != nil {
 			return nil, err
 		}
 	}

@@ -105,3 +105,41 @@ func TestLimitUnderAnOpsWorkingSetIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "the lowest limit this trace can run under")
 	assert.Contains(t, err.Error(), "llama16-bf16-ckpt.jsonl.gz:")
 }
+
+// TestDecodeStaysStableAsTheCacheGrows: a prefill, then 48 decode steps
+// whose KV cache grows a position a step, at half the peak: the weights
+// stream in every step and leave with no copy out (frozen: Fill gave
+// their one copy), the policy is planned again when the growing cache
+// outgrows it rather than left to forced evictions, and most steps run
+// STABLE with on-demand swap-ins at most 5% of the planned swaps.
+func TestDecodeStaysStableAsTheCacheGrows(t *testing.T) {
+	rep := replayAt(t, "llama7b-8l-decode.jsonl.gz", 0.5, 1024)
+	good := 0
+	for _, x := range rep.PerIteration {
+		if x.Stage == "STABLE" && x.PlannedSwaps > 0 && float64(x.OnDemandSwapIns) <= 0.05*float64(x.PlannedSwaps) {
+			good++
+		}
+	}
+	t.Logf("%d of %d steps STABLE within 5%% on demand; replans %d, outgrown %d; kept %d (%d bytes), copied out %d bytes",
+		good, len(rep.PerIteration), rep.Replans, rep.Outgrown, rep.Stats.KeptEvictions, rep.Stats.KeptBytes, rep.Stats.SwappedOutBytes)
+	assert.GreaterOrEqual(t, good, 24, "at least half the 48 decode steps")
+	assert.Positive(t, rep.Outgrown, "the growing cache outgrew a policy, which was planned again")
+	assert.Greater(t, rep.Stats.KeptBytes, 4*rep.Stats.SwappedOutBytes, "the weights leave with no copy out")
+}
+
+// TestLoRAFrozenWeightsLeaveWithNoCopy: the base weights of a LoRA
+// fine-tune are frozen; the plan moves some, and they leave the device
+// with no copy out after the first.
+func TestLoRAFrozenWeightsLeaveWithNoCopy(t *testing.T) {
+	rep := replayAt(t, "llama16-lora.jsonl.gz", 0.7, 2048)
+	assert.Positive(t, rep.Stats.KeptEvictions)
+	assert.Positive(t, rep.Stats.KeptBytes)
+	stable := 0
+	for _, x := range rep.PerIteration {
+		if x.Stage == "STABLE" {
+			stable++
+			assert.Zero(t, x.Evictions, "iteration %d", x.Iter)
+		}
+	}
+	assert.Positive(t, stable)
+}
