@@ -77,7 +77,12 @@ func (c timingConfig) validate() error {
 
 // WithMeasuredTimes turns the Engine's timing events on (the default) or
 // off. Off, plans take the estimator's times and the configured link, and
-// nothing is sampled in STABLE.
+// nothing is sampled in STABLE. The events time the device's spans between
+// layer boundaries: where the host cannot queue kernels as fast as the
+// device runs them (small kernels, a host-bound step), a span holds the
+// device's idle time too and overstates the layer. A host that knows its
+// kernels' times (a kernel-times file: replay does so) plans better with
+// them and the events off.
 func WithMeasuredTimes(on bool) Option { return optionFunc(func(c *config) { c.timing.off = !on }) }
 
 // WithTimingEvery sets how often, in iterations under a policy, the Engine

@@ -331,9 +331,12 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 		if times, bases, err = OpTimes(tr, cfg.Kernels, cfg.KernelsFrom); err != nil {
 			return nil, err
 		}
-		// Last, so that it replaces an estimator among cfg.Options.
+		// Last, so that it replaces an estimator among cfg.Options. The op
+		// times are the very ones the kernels take: the Engine plans with
+		// them rather than with the device's spans between its events,
+		// which hold the device's idle time wherever the host falls behind.
 		est = &Estimator{Trace: tr, Times: times}
-		opts = append(opts, chameleon.WithEstimator(est))
+		opts = append(opts, chameleon.WithEstimator(est), chameleon.WithMeasuredTimes(false))
 	}
 	eng, err := chameleon.New(dev, opts...)
 	if err != nil {
