@@ -166,6 +166,9 @@ type Device struct {
 	// why.
 	vmm    *vmm
 	mapErr error
+	// ctx is the primary context for launches when mapping is off
+	// (WithoutMapping) and libcuda loads; with mapping, vmm holds it.
+	ctx *driver.Context
 }
 
 var _ device.Device = (*Device)(nil)
@@ -204,12 +207,19 @@ func New(opts ...Option) (*Device, error) {
 			return check("cudaMemcpyAsync", a.cudaMemcpyAsync(dst, src, n, kind, s))
 		}}
 	d.mapErr = errNoMapping
+	var paths []string
+	if cfg.driver != "" {
+		paths = append(paths, cfg.driver)
+	}
+	paths = append(paths, driver.Candidates(driver.EnvLibcuda, driver.LibcudaNames...)...)
 	if !cfg.noMap {
-		var paths []string
-		if cfg.driver != "" {
-			paths = append(paths, cfg.driver)
+		d.vmm, d.mapErr = newVMM(paths, cfg.ordinal)
+	} else if drv, err := driver.Load(paths...); err == nil {
+		// No mapping, but the primary context still serves kernel
+		// launches through the driver API (Context).
+		if ctx, err := drv.Primary(cfg.ordinal); err == nil {
+			d.ctx = ctx
 		}
-		d.vmm, d.mapErr = newVMM(append(paths, driver.Candidates(driver.EnvLibcuda, driver.LibcudaNames...)...), cfg.ordinal)
 	}
 	d.name = fmt.Sprintf("cuda:%d", cfg.ordinal)
 	if n := a.deviceName(cfg.ordinal); n != "" {
@@ -262,6 +272,9 @@ func (d *Device) Close() error {
 	errs := []error{d.streams.DestroyAll(d.api.destroyStream), d.events.DestroyAll(d.api.destroyEvent)}
 	if d.vmm != nil {
 		errs = append(errs, d.vmm.ctx.Release())
+	}
+	if d.ctx != nil {
+		errs = append(errs, d.ctx.Release())
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cuda: close: %w", err)

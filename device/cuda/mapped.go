@@ -106,13 +106,16 @@ func (d *Device) PageSize() int64 {
 func (d *Device) Mapping() error { return d.mapErr }
 
 // Context returns the driver API's handle on the primary context of the
-// device, for launching kernels (driver.NewSpinner) on its streams, or the
-// reason there is none (as Mapping).
+// device, for launching kernels (driver.NewSpinner) on its streams (also
+// under WithoutMapping, where libcuda loads), or the reason there is none.
 func (d *Device) Context() (*driver.Context, error) {
-	if d.vmm == nil {
-		return nil, d.mapErr
+	switch {
+	case d.vmm != nil:
+		return d.vmm.ctx, nil
+	case d.ctx != nil:
+		return d.ctx, nil
 	}
-	return d.vmm.ctx, nil
+	return nil, d.mapErr
 }
 
 // mapping brackets a Mapper call: d open, its device current for
