@@ -472,3 +472,49 @@ func TestMappedPlacesOnMappedPagesInsideABlock(t *testing.T) {
 	assert.Equal(t, before.Maps, a.Stats().Maps, "no page mapped")
 	assert.Equal(t, before.Unmaps, a.Stats().Unmaps, "none unmapped")
 }
+
+// mapperOnly hides a device's Remap: the allocator unmaps and maps instead.
+type mapperOnly struct {
+	device.Device
+	device.Mapper
+}
+
+// TestMappedMovesPagesWithRemap: on a device that remaps, the pages of the
+// holes move to the large block with no unmap and map of their own, the
+// same pages as a device that only maps and unmaps takes; the bytes hold
+// through either, and the device never holds more than the limit.
+func TestMappedMovesPagesWithRemap(t *testing.T) {
+	const page, limit = 4 << 10, 64 * 4 << 10
+	want := int64(limit / 3)
+	run := func(remap bool) device.Stats {
+		d, err := host.New(limit, host.WithPageSize(page))
+		require.NoError(t, err)
+		defer d.Close()
+		var dev device.Device = d
+		if !remap {
+			dev = mapperOnly{d, d}
+		}
+		_, ok := dev.(device.Remapper)
+		require.Equal(t, remap, ok)
+		a := device.NewAllocator(dev)
+		defer a.Close()
+		require.NoError(t, a.ReserveMapped(limit))
+		fragment(t, a, page, limit)
+		p, err := a.Alloc(want, 0)
+		require.NoError(t, err)
+		data := make([]byte, want)
+		for i := range data {
+			data[i] = byte(i * 5)
+		}
+		require.NoError(t, d.WriteDevice(p, data))
+		got := make([]byte, want)
+		require.NoError(t, d.ReadDevice(got, p))
+		assert.Equal(t, data, got)
+		assert.LessOrEqual(t, d.PeakAllocated(), int64(limit))
+		return a.Stats()
+	}
+	moved, plain := run(true), run(false)
+	assert.Positive(t, moved.MappedPages)
+	assert.Equal(t, plain.MappedPages, moved.MappedPages, "the same pages move")
+	assert.Equal(t, moved.MappedPages, moved.UnmappedPages)
+}

@@ -10,7 +10,10 @@ import (
 	"github.com/chameleon-go/chameleon/device/internal/native"
 )
 
-var _ device.Mapper = (*Device)(nil)
+var (
+	_ device.Mapper   = (*Device)(nil)
+	_ device.Remapper = (*Device)(nil)
+)
 
 // vmm is the device's Mapper over the driver API's virtual memory
 // management, in the primary context libcudart uses: address space from
@@ -200,4 +203,26 @@ func (d *Device) Unmap(p device.DevPtr, size int64) error {
 	}
 	defer d.unmapping()
 	return m.res.Unmap(m, uintptr(p), size)
+}
+
+// UnmapOnly implements native.PageMover: cuMemUnmap, the allocation kept.
+func (m *vmm) UnmapOnly(addr, h uintptr) error {
+	return m.ctx.Driver().Check("cuMemUnmap", m.v.Unmap(addr, uintptr(m.res.Page)))
+}
+
+// MapHandle implements native.PageMover: cuMemMap of an allocation kept.
+func (m *vmm) MapHandle(addr, h uintptr) error {
+	return m.ctx.Driver().Check("cuMemMap", m.v.Map(addr, uintptr(m.res.Page), uint64(h)))
+}
+
+// Remap implements device.Remapper: per page cuMemUnmap and cuMemMap of
+// the same allocation at dst, then one cuMemSetAccess for dst; no
+// cuMemRelease or cuMemCreate. It allocates nothing.
+func (d *Device) Remap(dst, src device.DevPtr, size int64) error {
+	m, err := d.mapping("remap")
+	if err != nil {
+		return err
+	}
+	defer d.unmapping()
+	return m.res.Move(m, uintptr(dst), uintptr(src), size)
 }

@@ -231,3 +231,36 @@ func TestFakeDriverRefusesMisuse(t *testing.T) {
 	require.Zero(t, v.Free(base, 4*page))
 	assert.Zero(t, ctl.liveHandles())
 }
+
+// TestRemapCalls: Remap moves pages' allocations with a cuMemUnmap and a
+// cuMemMap each and one cuMemSetAccess, never making or freeing memory;
+// the bytes through the moved pages read back.
+func TestRemapCalls(t *testing.T) {
+	d, ctl := newMappedFake(t)
+	defer d.Close()
+	p, err := d.ReserveAddress(8 * fakePage)
+	require.NoError(t, err)
+	require.NoError(t, d.Map(p, 4*fakePage))
+	creates, maps, access, unmaps, releases := ctl.vmmCount(vmmCreates), ctl.vmmCount(vmmMaps), ctl.vmmCount(vmmAccess), ctl.vmmCount(vmmUnmaps), ctl.vmmCount(vmmReleases)
+	used := ctl.used()
+	require.NoError(t, d.Remap(p.Add(5*fakePage), p.Add(fakePage), 2*fakePage))
+	assert.Equal(t, creates, ctl.vmmCount(vmmCreates), "no cuMemCreate")
+	assert.Equal(t, releases, ctl.vmmCount(vmmReleases), "no cuMemRelease")
+	assert.Equal(t, maps+2, ctl.vmmCount(vmmMaps))
+	assert.Equal(t, unmaps+2, ctl.vmmCount(vmmUnmaps))
+	assert.Equal(t, access+1, ctl.vmmCount(vmmAccess))
+	assert.Equal(t, used, ctl.used(), "the device's memory in use is the same")
+	assert.EqualValues(t, 4, ctl.liveHandles())
+	buf := make([]byte, 2*fakePage)
+	for i := range buf {
+		buf[i] = byte(i * 3)
+	}
+	require.NoError(t, d.WriteDevice(p.Add(5*fakePage), buf))
+	got := make([]byte, len(buf))
+	require.NoError(t, d.ReadDevice(got, p.Add(5*fakePage)))
+	assert.Equal(t, buf, got)
+	assert.ErrorContains(t, d.WriteDevice(p.Add(fakePage), buf[:fakePage]), "cudaErrorIllegalAddress", "the old pages are unmapped")
+	assert.ErrorIs(t, d.Remap(p.Add(5*fakePage), p, fakePage), device.ErrInvalidValue, "onto a mapped page")
+	require.NoError(t, d.ReleaseAddress(p))
+	assert.Zero(t, ctl.liveHandles())
+}

@@ -146,3 +146,33 @@ func (d *Device) pageRange(what string, p device.DevPtr, size int64) (allocation
 	lo := int(int64(p-a.base) / page)
 	return a, lo, lo + int(size/page), nil
 }
+
+// Remap implements device.Remapper: the pages [src, src+size) are
+// unmapped and [dst, dst+size) mapped in one step, the device's memory in
+// use unchanged (the bytes are not kept: dst reads zeros).
+func (d *Device) Remap(dst, src device.DevPtr, size int64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sa, slo, shi, err := d.pageRange("remap", src, size)
+	if err != nil {
+		return err
+	}
+	da, dlo, _, err := d.pageRange("remap", dst, size)
+	if err != nil {
+		return err
+	}
+	for i := range shi - slo {
+		if !sa.pages[slo+i] {
+			return fmt.Errorf("host: remap %#x+%d: page %d not mapped: %w", uintptr(src), size, slo+i, device.ErrInvalidValue)
+		}
+		if da.pages[dlo+i] {
+			return fmt.Errorf("host: remap to %#x+%d: page %d already mapped: %w", uintptr(dst), size, dlo+i, device.ErrInvalidValue)
+		}
+	}
+	for i := range shi - slo {
+		sa.pages[slo+i], da.pages[dlo+i] = false, true
+	}
+	off := int64(src - sa.base)
+	discardMem(sa.mem[off : off+size])
+	return nil
+}

@@ -172,3 +172,72 @@ func (r *Reservations) MappedPages() int64 {
 
 // Len is the number of reservations.
 func (r *Reservations) Len() int { return len(r.rs) }
+
+// PageMover is PageOps for a driver whose physical allocations outlive
+// their mappings (cuMemUnmap leaves the allocation, cuMemRelease frees
+// it): a page's memory can be mapped elsewhere without being freed and
+// made again.
+type PageMover interface {
+	PageOps
+	// UnmapOnly unmaps the page at addr and keeps its memory (handle).
+	UnmapOnly(addr, handle uintptr) error
+	// MapHandle maps the memory of handle at addr.
+	MapHandle(addr, handle uintptr) error
+}
+
+// Move moves the memory of the mapped pages [src, src+size) to the
+// unmapped pages [dst, dst+size) (a reservation each, which may be the
+// same), page by page, and gives the device access to dst. It is all or
+// nothing: on a failure the pages moved so far go back where they were.
+func (r *Reservations) Move(ops PageMover, dst, src uintptr, size int64) error {
+	sres, slo, shi, err := r.span("move", src, size)
+	if err != nil {
+		return err
+	}
+	dres, dlo, _, err := r.span("move", dst, size)
+	if err != nil {
+		return err
+	}
+	n := shi - slo
+	for i := range n {
+		if !sres.mapped[slo+i] {
+			return fmt.Errorf("%s: move %#x+%d: page %d not mapped: %w", r.Backend, src, size, slo+i, device.ErrInvalidValue)
+		}
+		if dres.mapped[dlo+i] {
+			return fmt.Errorf("%s: move to %#x+%d: page %d already mapped: %w", r.Backend, dst, size, dlo+i, device.ErrInvalidValue)
+		}
+	}
+	if sres == dres && dlo < shi && slo < dlo+n {
+		return fmt.Errorf("%s: move %#x+%d to %#x: the ranges overlap: %w", r.Backend, src, size, dst, device.ErrInvalidValue)
+	}
+	at := func(res *reservation, i int) uintptr { return res.base + uintptr(int64(i)*r.Page) }
+	back := func(moved int) error {
+		var errs []error
+		for i := range moved {
+			h := dres.handles[dlo+i]
+			errs = append(errs, ops.UnmapOnly(at(dres, dlo+i), h), ops.MapHandle(at(sres, slo+i), h))
+			dres.handles[dlo+i], dres.mapped[dlo+i] = 0, false
+			sres.handles[slo+i], sres.mapped[slo+i] = h, true
+		}
+		if moved > 0 {
+			errs = append(errs, ops.Access(src, int64(moved)*r.Page))
+		}
+		return errors.Join(errs...)
+	}
+	for i := range n {
+		h := sres.handles[slo+i]
+		if err := ops.UnmapOnly(at(sres, slo+i), h); err != nil {
+			return fmt.Errorf("%s: move %#x+%d: page %d of %d: %w", r.Backend, src, size, i, n, errors.Join(err, back(i)))
+		}
+		if err := ops.MapHandle(at(dres, dlo+i), h); err != nil {
+			err = errors.Join(err, ops.MapHandle(at(sres, slo+i), h), ops.Access(at(sres, slo+i), r.Page))
+			return fmt.Errorf("%s: move %#x+%d: page %d of %d: %w", r.Backend, src, size, i, n, errors.Join(err, back(i)))
+		}
+		sres.handles[slo+i], sres.mapped[slo+i] = 0, false
+		dres.handles[dlo+i], dres.mapped[dlo+i] = h, true
+	}
+	if err := ops.Access(dst, size); err != nil {
+		return fmt.Errorf("%s: move to %#x+%d: %w", r.Backend, dst, size, errors.Join(err, back(n)))
+	}
+	return nil
+}

@@ -105,3 +105,79 @@ func TestReservations(t *testing.T) {
 	assert.ErrorIs(t, err, device.ErrInvalidValue)
 	assert.Equal(t, 1, r.Len())
 }
+
+// moveDriver is pageDriver whose allocations outlive their mappings.
+type moveDriver struct {
+	pageDriver
+	mapFailAt int // MapHandle call that fails, counting from 1; 0 never
+	mapCalls  int
+}
+
+func (d *moveDriver) UnmapOnly(addr, h uintptr) error {
+	if d.mappings[addr] != h {
+		return errors.New("not a mapping")
+	}
+	delete(d.mappings, addr)
+	return nil
+}
+
+func (d *moveDriver) MapHandle(addr, h uintptr) error {
+	d.mapCalls++
+	if d.mapCalls == d.mapFailAt {
+		return errors.New("map failed")
+	}
+	if _, ok := d.mappings[addr]; ok {
+		return errors.New("mapped twice")
+	}
+	d.mappings[addr] = h
+	return nil
+}
+
+// TestReservationsMove: Move takes the same allocations to the new pages
+// (no page made or freed), gives access once, refuses what is not a move,
+// and on a failure puts every page back where it was.
+func TestReservationsMove(t *testing.T) {
+	const page, base = 0x1000, 0x100000
+	drv := &moveDriver{pageDriver: pageDriver{mappings: map[uintptr]uintptr{}}}
+	r := &native.Reservations{Backend: "fake", Page: page}
+	r.Add(base, 16*page)
+	require.NoError(t, r.Map(drv, base, 4*page))
+	before := map[uintptr]uintptr{}
+	for a, h := range drv.mappings {
+		before[a] = h
+	}
+	made, access := drv.next, drv.access
+	require.NoError(t, r.Move(drv, base+8*page, base+page, 2*page))
+	assert.Equal(t, made, drv.next, "no page made")
+	assert.Equal(t, access+1, drv.access, "one access call for the new pages")
+	assert.Equal(t, before[base+page], drv.mappings[base+8*page], "the allocation moved")
+	assert.Equal(t, before[base+2*page], drv.mappings[base+9*page])
+	assert.NotContains(t, drv.mappings, uintptr(base+page))
+	assert.EqualValues(t, 4, r.MappedPages())
+
+	for name, err := range map[string]error{
+		"from unmapped pages": r.Move(drv, base+12*page, base+page, page),
+		"onto mapped pages":   r.Move(drv, base+8*page, base, page),
+		"overlapping":         r.Move(drv, base+4*page, base+3*page, 2*page),
+		"outside":             r.Move(drv, 0x900000, base, page),
+	} {
+		assert.ErrorIs(t, err, device.ErrInvalidValue, name)
+	}
+
+	// The third page's map fails: the two moved go back.
+	snapshot := map[uintptr]uintptr{}
+	for a, h := range drv.mappings {
+		snapshot[a] = h
+	}
+	require.NoError(t, r.Map(drv, base+4*page, 3*page))
+	for a, h := range drv.mappings {
+		snapshot[a] = h
+	}
+	drv.mapCalls, drv.mapFailAt = 0, 3
+	err := r.Move(drv, base+12*page, base+4*page, 3*page)
+	require.Error(t, err)
+	assert.Equal(t, snapshot, drv.mappings, "nothing moved")
+	assert.EqualValues(t, 7, r.MappedPages())
+	drv.mapFailAt = 0
+	require.NoError(t, r.Move(drv, base+12*page, base+4*page, 3*page), "and it moves once the driver stops failing")
+}
