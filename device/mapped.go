@@ -40,11 +40,12 @@ type Mapper interface {
 // costs. The allocator moves the pages of cached ranges (mapped, used by
 // no block, no queued work on them) to a block that needs pages.
 type Remapper interface {
-	// Remap unmaps the pages [src, src+size), which Map mapped and no
-	// queued work uses, and maps their memory at [dst, dst+size), none of
-	// which is mapped, for the device to read and write. The bytes are not
-	// kept. On failure nothing has moved.
-	Remap(dst, src DevPtr, size int64) error
+	// Remap unmaps the pages at srcs (one page each, mapped by Map, no
+	// queued work on them) and maps their memory, in order, at the pages
+	// from dst on, none of which is mapped, for the device to read and
+	// write (one access call for the whole range). The bytes are not kept.
+	// On failure nothing has moved.
+	Remap(dst DevPtr, srcs []DevPtr) error
 }
 
 // pageMap is the page state of one segment of reserved address space.
@@ -401,12 +402,17 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int, n int64)
 }
 
 // remap moves the memory of n cached pages to the unmapped pages of
-// [lo, hi) of dseg, lowest first, in runs (Remapper); the caller maps the
-// rest.
+// [lo, hi) of dseg, lowest first (Remapper), one call per run of unmapped
+// pages; the caller maps the rest. The pages are chosen as reclaim
+// chooses them and leave the page map at once, so that none is chosen
+// twice; a failed move puts back those it did not move.
 func (p *pool) remap(rm Remapper, dseg *segment, lo, hi int, n int64) error {
-	dpm := dseg.pages
-	next := lo // the next unmapped page of the block to fill
-	return p.cachedPages(n, func(seg *segment, slo, shi int, n int64) (int64, error) {
+	type run struct {
+		seg    *segment
+		lo, hi int
+	}
+	var runs []run
+	err := p.cachedPages(n, func(seg *segment, slo, shi int, n int64) (int64, error) {
 		pm := seg.pages
 		var got int64
 		for i := slo; i < shi && got < n; {
@@ -414,33 +420,65 @@ func (p *pool) remap(rm Remapper, dseg *segment, lo, hi int, n int64) error {
 				i++
 				continue
 			}
-			for next < hi && dpm.mapped[next] {
-				next++
-			}
-			if next >= hi {
-				return got, nil
-			}
-			// A run of cached pages here against a run of unmapped pages
-			// there.
 			j := i
-			for j < shi && got+int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] && next+(j-i) < hi && !dpm.mapped[next+(j-i)] {
+			for j < shi && got+int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] {
 				j++
 			}
-			k := j - i
-			p.maps++
-			p.unmaps++
-			if err := rm.Remap(DevPtr(dseg.addr+uintptr(next)<<dpm.shift), DevPtr(seg.addr+uintptr(i)<<pm.shift), int64(k)<<pm.shift); err != nil {
-				return got, fmt.Errorf("%s: move %d pages: %w", p.what, k, err)
-			}
 			pm.setMapped(i, j, false)
-			dpm.setMapped(next, next+k, true)
-			p.pagesIn += int64(k)
-			p.pagesOut += int64(k)
-			got += int64(k)
+			runs = append(runs, run{seg, i, j})
+			got += int64(j - i)
 			i = j
 		}
 		return got, nil
 	})
+	srcs := p.srcs[:0]
+	for _, r := range runs {
+		for i := r.lo; i < r.hi; i++ {
+			srcs = append(srcs, DevPtr(r.seg.addr+uintptr(i)<<r.seg.pages.shift))
+		}
+	}
+	p.srcs = srcs
+	restore := func(from int) {
+		for _, a := range srcs[from:] {
+			for si := range p.a.segs {
+				seg := &p.a.segs[si]
+				if uintptr(a) >= seg.addr && uintptr(a) < seg.addr+uintptr(seg.size) {
+					i := int((uintptr(a) - seg.addr) >> seg.pages.shift)
+					seg.pages.setMapped(i, i+1, true)
+				}
+			}
+		}
+	}
+	if err != nil {
+		restore(0)
+		return err
+	}
+	dpm := dseg.pages
+	used := 0
+	for i := lo; i < hi && used < len(srcs); {
+		if dpm.mapped[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < hi && !dpm.mapped[j] && used+(j-i) < len(srcs) {
+			j++
+		}
+		k := j - i
+		p.maps++
+		p.unmaps++
+		if err := rm.Remap(DevPtr(dseg.addr+uintptr(i)<<dpm.shift), srcs[used:used+k]); err != nil {
+			restore(used)
+			return fmt.Errorf("%s: move %d pages: %w", p.what, k, err)
+		}
+		dpm.setMapped(i, j, true)
+		p.pagesIn += int64(k)
+		p.pagesOut += int64(k)
+		used += k
+		i = j
+	}
+	restore(used) // none: the block had as many unmapped pages as were taken
+	return nil
 }
 
 // cached reports whether a page in [lo, hi) is mapped with no user.

@@ -77,6 +77,7 @@ type pool struct {
 	page, space         int64
 	maps, unmaps, syncs int64
 	pagesIn, pagesOut   int64
+	srcs                []DevPtr // remap's scratch
 
 	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
 	// that wait on them; free holds the indices no block refers to.

@@ -24,9 +24,10 @@ type vmm struct {
 	ctx *driver.Context
 	v   *driver.VMM
 
-	mu  sync.Mutex // the reservations and the scratch
-	res native.Reservations
-	sc  *vmmScratch
+	mu   sync.Mutex // the reservations and the scratch
+	res  native.Reservations
+	sc   *vmmScratch
+	srcs []uintptr // Remap's scratch
 }
 
 // vmmScratch holds what the driver calls read and write through
@@ -216,13 +217,17 @@ func (m *vmm) MapHandle(addr, h uintptr) error {
 }
 
 // Remap implements device.Remapper: per page cuMemUnmap and cuMemMap of
-// the same allocation at dst, then one cuMemSetAccess for dst; no
-// cuMemRelease or cuMemCreate. It allocates nothing.
-func (d *Device) Remap(dst, src device.DevPtr, size int64) error {
+// the same allocation at its new address, then one cuMemSetAccess for the
+// range; no cuMemRelease or cuMemCreate.
+func (d *Device) Remap(dst device.DevPtr, srcs []device.DevPtr) error {
 	m, err := d.mapping("remap")
 	if err != nil {
 		return err
 	}
 	defer d.unmapping()
-	return m.res.Move(m, uintptr(dst), uintptr(src), size)
+	m.srcs = m.srcs[:0]
+	for _, s := range srcs {
+		m.srcs = append(m.srcs, uintptr(s))
+	}
+	return m.res.Move(m, uintptr(dst), m.srcs)
 }

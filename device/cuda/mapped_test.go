@@ -243,7 +243,7 @@ func TestRemapCalls(t *testing.T) {
 	require.NoError(t, d.Map(p, 4*fakePage))
 	creates, maps, access, unmaps, releases := ctl.vmmCount(vmmCreates), ctl.vmmCount(vmmMaps), ctl.vmmCount(vmmAccess), ctl.vmmCount(vmmUnmaps), ctl.vmmCount(vmmReleases)
 	used := ctl.used()
-	require.NoError(t, d.Remap(p.Add(5*fakePage), p.Add(fakePage), 2*fakePage))
+	require.NoError(t, d.Remap(p.Add(5*fakePage), []device.DevPtr{p.Add(fakePage), p.Add(2 * fakePage)}))
 	assert.Equal(t, creates, ctl.vmmCount(vmmCreates), "no cuMemCreate")
 	assert.Equal(t, releases, ctl.vmmCount(vmmReleases), "no cuMemRelease")
 	assert.Equal(t, maps+2, ctl.vmmCount(vmmMaps))
@@ -260,7 +260,7 @@ func TestRemapCalls(t *testing.T) {
 	require.NoError(t, d.ReadDevice(got, p.Add(5*fakePage)))
 	assert.Equal(t, buf, got)
 	assert.ErrorContains(t, d.WriteDevice(p.Add(fakePage), buf[:fakePage]), "cudaErrorIllegalAddress", "the old pages are unmapped")
-	assert.ErrorIs(t, d.Remap(p.Add(5*fakePage), p, fakePage), device.ErrInvalidValue, "onto a mapped page")
+	assert.ErrorIs(t, d.Remap(p.Add(5*fakePage), []device.DevPtr{p}), device.ErrInvalidValue, "onto a mapped page")
 	require.NoError(t, d.ReleaseAddress(p))
 	assert.Zero(t, ctl.liveHandles())
 }

@@ -147,32 +147,43 @@ func (d *Device) pageRange(what string, p device.DevPtr, size int64) (allocation
 	return a, lo, lo + int(size/page), nil
 }
 
-// Remap implements device.Remapper: the pages [src, src+size) are
-// unmapped and [dst, dst+size) mapped in one step, the device's memory in
-// use unchanged (the bytes are not kept: dst reads zeros).
-func (d *Device) Remap(dst, src device.DevPtr, size int64) error {
+// Remap implements device.Remapper: the pages at srcs are unmapped and
+// as many from dst on mapped in one step, the device's memory in use
+// unchanged (the bytes are not kept: dst reads zeros).
+func (d *Device) Remap(dst device.DevPtr, srcs []device.DevPtr) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	sa, slo, shi, err := d.pageRange("remap", src, size)
-	if err != nil {
-		return err
+	page := d.cfg.pageSize
+	size := int64(len(srcs)) * page
+	if size == 0 {
+		return nil
 	}
 	da, dlo, _, err := d.pageRange("remap", dst, size)
 	if err != nil {
 		return err
 	}
-	for i := range shi - slo {
-		if !sa.pages[slo+i] {
-			return fmt.Errorf("host: remap %#x+%d: page %d not mapped: %w", uintptr(src), size, slo+i, device.ErrInvalidValue)
-		}
+	for i := range len(srcs) {
 		if da.pages[dlo+i] {
 			return fmt.Errorf("host: remap to %#x+%d: page %d already mapped: %w", uintptr(dst), size, dlo+i, device.ErrInvalidValue)
 		}
 	}
-	for i := range shi - slo {
-		sa.pages[slo+i], da.pages[dlo+i] = false, true
+	for _, src := range srcs {
+		sa, slo, _, err := d.pageRange("remap", src, page)
+		if err != nil {
+			return err
+		}
+		if !sa.pages[slo] {
+			return fmt.Errorf("host: remap %#x: page not mapped: %w", uintptr(src), device.ErrInvalidValue)
+		}
+		if sa.base == da.base && slo >= dlo && slo < dlo+len(srcs) {
+			return fmt.Errorf("host: remap %#x into %#x+%d: the page is in the range: %w", uintptr(src), uintptr(dst), size, device.ErrInvalidValue)
+		}
 	}
-	off := int64(src - sa.base)
-	discardMem(sa.mem[off : off+size])
+	for i, src := range srcs {
+		sa, slo, _, _ := d.pageRange("remap", src, page)
+		sa.pages[slo], da.pages[dlo+i] = false, true
+		off := int64(src - sa.base)
+		discardMem(sa.mem[off : off+page])
+	}
 	return nil
 }

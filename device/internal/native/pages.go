@@ -185,56 +185,65 @@ type PageMover interface {
 	MapHandle(addr, handle uintptr) error
 }
 
-// Move moves the memory of the mapped pages [src, src+size) to the
-// unmapped pages [dst, dst+size) (a reservation each, which may be the
-// same), page by page, and gives the device access to dst. It is all or
-// nothing: on a failure the pages moved so far go back where they were.
-func (r *Reservations) Move(ops PageMover, dst, src uintptr, size int64) error {
-	sres, slo, shi, err := r.span("move", src, size)
-	if err != nil {
-		return err
+// Move moves the memory of the mapped pages at srcs (one page each) to
+// the unmapped pages from dst on, in order, page by page, and gives the
+// device access to them with one call. It is all or nothing: on a failure
+// the pages moved so far go back where they were.
+func (r *Reservations) Move(ops PageMover, dst uintptr, srcs []uintptr) error {
+	n := len(srcs)
+	if n == 0 {
+		return nil
 	}
+	size := int64(n) * r.Page
 	dres, dlo, _, err := r.span("move", dst, size)
 	if err != nil {
 		return err
 	}
-	n := shi - slo
-	for i := range n {
-		if !sres.mapped[slo+i] {
-			return fmt.Errorf("%s: move %#x+%d: page %d not mapped: %w", r.Backend, src, size, slo+i, device.ErrInvalidValue)
+	type loc struct {
+		res *reservation
+		i   int
+	}
+	from := make([]loc, n)
+	for x, src := range srcs {
+		res, i, _, err := r.span("move", src, r.Page)
+		if err != nil {
+			return err
 		}
+		if !res.mapped[i] {
+			return fmt.Errorf("%s: move %#x: page not mapped: %w", r.Backend, src, device.ErrInvalidValue)
+		}
+		if res == dres && i >= dlo && i < dlo+n {
+			return fmt.Errorf("%s: move %#x into %#x+%d: the page is in the range: %w", r.Backend, src, dst, size, device.ErrInvalidValue)
+		}
+		from[x] = loc{res, i}
+	}
+	for i := range n {
 		if dres.mapped[dlo+i] {
 			return fmt.Errorf("%s: move to %#x+%d: page %d already mapped: %w", r.Backend, dst, size, dlo+i, device.ErrInvalidValue)
 		}
 	}
-	if sres == dres && dlo < shi && slo < dlo+n {
-		return fmt.Errorf("%s: move %#x+%d to %#x: the ranges overlap: %w", r.Backend, src, size, dst, device.ErrInvalidValue)
-	}
 	at := func(res *reservation, i int) uintptr { return res.base + uintptr(int64(i)*r.Page) }
 	back := func(moved int) error {
 		var errs []error
-		for i := range moved {
-			h := dres.handles[dlo+i]
-			errs = append(errs, ops.UnmapOnly(at(dres, dlo+i), h), ops.MapHandle(at(sres, slo+i), h))
-			dres.handles[dlo+i], dres.mapped[dlo+i] = 0, false
-			sres.handles[slo+i], sres.mapped[slo+i] = h, true
-		}
-		if moved > 0 {
-			errs = append(errs, ops.Access(src, int64(moved)*r.Page))
+		for x := range moved {
+			h, f := dres.handles[dlo+x], from[x]
+			errs = append(errs, ops.UnmapOnly(at(dres, dlo+x), h), ops.MapHandle(at(f.res, f.i), h), ops.Access(at(f.res, f.i), r.Page))
+			dres.handles[dlo+x], dres.mapped[dlo+x] = 0, false
+			f.res.handles[f.i], f.res.mapped[f.i] = h, true
 		}
 		return errors.Join(errs...)
 	}
-	for i := range n {
-		h := sres.handles[slo+i]
-		if err := ops.UnmapOnly(at(sres, slo+i), h); err != nil {
-			return fmt.Errorf("%s: move %#x+%d: page %d of %d: %w", r.Backend, src, size, i, n, errors.Join(err, back(i)))
+	for x, f := range from {
+		h := f.res.handles[f.i]
+		if err := ops.UnmapOnly(at(f.res, f.i), h); err != nil {
+			return fmt.Errorf("%s: move to %#x+%d: page %d of %d: %w", r.Backend, dst, size, x, n, errors.Join(err, back(x)))
 		}
-		if err := ops.MapHandle(at(dres, dlo+i), h); err != nil {
-			err = errors.Join(err, ops.MapHandle(at(sres, slo+i), h), ops.Access(at(sres, slo+i), r.Page))
-			return fmt.Errorf("%s: move %#x+%d: page %d of %d: %w", r.Backend, src, size, i, n, errors.Join(err, back(i)))
+		if err := ops.MapHandle(at(dres, dlo+x), h); err != nil {
+			err = errors.Join(err, ops.MapHandle(at(f.res, f.i), h), ops.Access(at(f.res, f.i), r.Page))
+			return fmt.Errorf("%s: move to %#x+%d: page %d of %d: %w", r.Backend, dst, size, x, n, errors.Join(err, back(x)))
 		}
-		sres.handles[slo+i], sres.mapped[slo+i] = 0, false
-		dres.handles[dlo+i], dres.mapped[dlo+i] = h, true
+		f.res.handles[f.i], f.res.mapped[f.i] = 0, false
+		dres.handles[dlo+x], dres.mapped[dlo+x] = h, true
 	}
 	if err := ops.Access(dst, size); err != nil {
 		return fmt.Errorf("%s: move to %#x+%d: %w", r.Backend, dst, size, errors.Join(err, back(n)))

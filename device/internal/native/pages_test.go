@@ -134,8 +134,8 @@ func (d *moveDriver) MapHandle(addr, h uintptr) error {
 }
 
 // TestReservationsMove: Move takes the same allocations to the new pages
-// (no page made or freed), gives access once, refuses what is not a move,
-// and on a failure puts every page back where it was.
+// (no page made or freed), from anywhere, gives access once, refuses what
+// is not a move, and on a failure puts every page back where it was.
 func TestReservationsMove(t *testing.T) {
 	const page, base = 0x1000, 0x100000
 	drv := &moveDriver{pageDriver: pageDriver{mappings: map[uintptr]uintptr{}}}
@@ -147,37 +147,39 @@ func TestReservationsMove(t *testing.T) {
 		before[a] = h
 	}
 	made, access := drv.next, drv.access
-	require.NoError(t, r.Move(drv, base+8*page, base+page, 2*page))
+	require.NoError(t, r.Move(drv, base+8*page, []uintptr{base + 3*page, base + page}))
 	assert.Equal(t, made, drv.next, "no page made")
 	assert.Equal(t, access+1, drv.access, "one access call for the new pages")
-	assert.Equal(t, before[base+page], drv.mappings[base+8*page], "the allocation moved")
-	assert.Equal(t, before[base+2*page], drv.mappings[base+9*page])
+	assert.Equal(t, before[base+3*page], drv.mappings[base+8*page], "the allocations moved, in order")
+	assert.Equal(t, before[base+page], drv.mappings[base+9*page])
 	assert.NotContains(t, drv.mappings, uintptr(base+page))
+	assert.NotContains(t, drv.mappings, uintptr(base+3*page))
 	assert.EqualValues(t, 4, r.MappedPages())
+	require.NoError(t, r.Move(drv, base, nil), "nothing to move")
 
 	for name, err := range map[string]error{
-		"from unmapped pages": r.Move(drv, base+12*page, base+page, page),
-		"onto mapped pages":   r.Move(drv, base+8*page, base, page),
-		"overlapping":         r.Move(drv, base+4*page, base+3*page, 2*page),
-		"outside":             r.Move(drv, 0x900000, base, page),
+		"from an unmapped page": r.Move(drv, base+12*page, []uintptr{base + page}),
+		"onto mapped pages":     r.Move(drv, base+8*page, []uintptr{base}),
+		"into its own range":    r.Move(drv, base+4*page, []uintptr{base + 5*page}),
+		"outside":               r.Move(drv, 0x900000, []uintptr{base}),
+		"a source outside":      r.Move(drv, base+12*page, []uintptr{0x900000}),
 	} {
 		assert.ErrorIs(t, err, device.ErrInvalidValue, name)
 	}
 
 	// The third page's map fails: the two moved go back.
+	require.NoError(t, r.Map(drv, base+4*page, 3*page))
 	snapshot := map[uintptr]uintptr{}
 	for a, h := range drv.mappings {
 		snapshot[a] = h
 	}
-	require.NoError(t, r.Map(drv, base+4*page, 3*page))
-	for a, h := range drv.mappings {
-		snapshot[a] = h
-	}
+	srcs := []uintptr{base + 4*page, base, base + 6*page}
 	drv.mapCalls, drv.mapFailAt = 0, 3
-	err := r.Move(drv, base+12*page, base+4*page, 3*page)
+	err := r.Move(drv, base+12*page, srcs)
 	require.Error(t, err)
 	assert.Equal(t, snapshot, drv.mappings, "nothing moved")
 	assert.EqualValues(t, 7, r.MappedPages())
 	drv.mapFailAt = 0
-	require.NoError(t, r.Move(drv, base+12*page, base+4*page, 3*page), "and it moves once the driver stops failing")
+	require.NoError(t, r.Move(drv, base+12*page, srcs), "and it moves once the driver stops failing")
+	assert.Equal(t, snapshot[base], drv.mappings[base+13*page])
 }
