@@ -256,6 +256,12 @@ func run(args []string, out, stderr io.Writer) error {
 	base := cfg
 	base.Hints = false
 	base.Limit = m.UpperBoundBytes(o.steps)
+	if mp, ok := b.dev.(device.Mapper); ok && mp.PageSize() > 0 {
+		// On pages, every block may hold a part of a page more: the
+		// weights, two caches a session and block (the old one and the
+		// one a row longer) and the activations.
+		base.Limit += int64(3*m.Layers+2+2*m.Sessions*m.Layers+8) * mp.PageSize()
+	}
 	if b.free > 0 && base.Limit > b.free*9/10 {
 		base.Limit = b.free * 9 / 10
 	}
