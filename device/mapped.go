@@ -48,6 +48,16 @@ type Remapper interface {
 	Remap(dst DevPtr, srcs []DevPtr) error
 }
 
+// PageSizer is a Mapper whose page size follows the memory it is to
+// hold: SizePages, called by ReserveMapped before it reserves anything,
+// lets the device choose its pages for a limit of limit bytes (CUDA: the
+// driver's costs go by mapping, so larger pages move memory for less, while
+// a small limit wants small pages, its waste in partly used pages being a
+// larger share of it). A page size the host set stays.
+type PageSizer interface {
+	SizePages(limit int64)
+}
+
 // pageMap is the page state of one segment of reserved address space.
 type pageMap struct {
 	shift uint
@@ -223,6 +233,9 @@ func (a *Allocator) ReserveMapped(limit int64) error {
 	m, ok := p.dev.(Mapper)
 	if !ok {
 		return fmt.Errorf("allocator: reserve mapped: %s cannot map pages: %w", p.dev.Name(), ErrNotSupported)
+	}
+	if ps, ok := m.(PageSizer); ok && len(p.a.segs) == 0 {
+		ps.SizePages(limit)
 	}
 	page := m.PageSize()
 	switch {

@@ -38,6 +38,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
 	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
+	pageSize := fs.String("page-size", "", "--device cuda: bytes of each mapped page, a power of two of at least the driver's 2 MiB (16MiB: fewer, cheaper driver calls to move memory, more waste in partly used pages); default the driver's granularity")
 	mapping := fs.Bool("mapping", true, "--device cuda: page-mapped allocation (the driver's virtual memory management) where the driver has it; false reserves one plain segment")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replay to `file` (go tool pprof): where the host's time per op goes")
 	timeline := fs.String("timeline", "", "with --timing: stamp every op kernel on the device's clock, report where the device stood idle and why (host_stall_ms, device_stall_ms), and write one STABLE iteration's timeline to `file` (Chrome trace JSON, opens in Perfetto)")
@@ -138,6 +139,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		var copts []cuda.Option
 		if !*mapping {
 			copts = append(copts, cuda.WithoutMapping())
+		}
+		if *pageSize != "" {
+			n, err := chameleon.ParseBytes(*pageSize)
+			if err != nil {
+				return fmt.Errorf("--page-size: %w", err)
+			}
+			copts = append(copts, cuda.WithPageSize(n))
 		}
 		dev, err = cuda.New(copts...)
 		if err != nil {

@@ -11,8 +11,9 @@ import (
 )
 
 var (
-	_ device.Mapper   = (*Device)(nil)
-	_ device.Remapper = (*Device)(nil)
+	_ device.Mapper    = (*Device)(nil)
+	_ device.Remapper  = (*Device)(nil)
+	_ device.PageSizer = (*Device)(nil)
 )
 
 // vmm is the device's Mapper over the driver API's virtual memory
@@ -28,6 +29,10 @@ type vmm struct {
 	res  native.Reservations
 	sc   *vmmScratch
 	srcs []uintptr // Remap's scratch
+	// granule is the driver's granularity; fixed says WithPageSize set
+	// the page size, which SizePages then keeps.
+	granule int64
+	fixed   bool
 }
 
 // vmmScratch holds what the driver calls read and write through
@@ -41,7 +46,7 @@ type vmmScratch struct {
 
 // newVMM loads libcuda from paths and sets up mapping on the device with
 // the given ordinal; the error says why it cannot.
-func newVMM(paths []string, ordinal int) (*vmm, error) {
+func newVMM(paths []string, ordinal int, want int64) (*vmm, error) {
 	drv, err := driver.Load(paths...)
 	if err != nil {
 		return nil, err
@@ -61,10 +66,18 @@ func newVMM(paths []string, ordinal int) (*vmm, error) {
 	if err == nil && (page == 0 || page&(page-1) != 0) {
 		err = fmt.Errorf("granularity %d is not a power of two: %w", page, device.ErrNotSupported)
 	}
+	if err == nil && want != 0 {
+		if want < int64(page) || want&(want-1) != 0 {
+			err = fmt.Errorf("page size %d: want a power of two of at least the granularity %d: %w", want, page, device.ErrInvalidValue)
+		} else {
+			page = uintptr(want)
+		}
+	}
 	if err != nil {
 		return nil, errors.Join(err, ctx.Release())
 	}
 	m.res = native.Reservations{Backend: "cuda", Page: int64(page)}
+	m.granule, m.fixed = int64(page), want != 0
 	return m, nil
 }
 
@@ -230,4 +243,25 @@ func (d *Device) Remap(dst device.DevPtr, srcs []device.DevPtr) error {
 		m.srcs = append(m.srcs, uintptr(s))
 	}
 	return m.res.Move(m, uintptr(dst), m.srcs)
+}
+
+// SizePages implements device.PageSizer: unless WithPageSize set the page
+// size, and while no address is reserved, pages are the largest power of
+// two at most limit/1024 bytes, between the driver's granularity and
+// DefaultPageSize: 16 MiB for a limit of 16 GiB and more, 2 MiB at 2 GiB
+// and less.
+func (d *Device) SizePages(limit int64) {
+	m, err := d.mapping("size pages")
+	if err != nil {
+		return
+	}
+	defer d.unmapping()
+	if m.fixed || m.res.Len() > 0 {
+		return
+	}
+	page := m.granule
+	for page*2 <= DefaultPageSize && page*2*1024 <= limit {
+		page *= 2
+	}
+	m.res.Page = page
 }

@@ -21,7 +21,7 @@ func newMappedFake(t testing.TB, opts ...Option) (*Device, *fakeCtl) {
 	path := buildFake(t, "default")
 	ctl := openFake(t, path)
 	ctl.setGranularity(fakePage)
-	d, err := New(append([]Option{WithLibrary(path), WithDriverLibrary(path)}, opts...)...)
+	d, err := New(append([]Option{WithLibrary(path), WithDriverLibrary(path), WithPageSize(fakePage)}, opts...)...)
 	require.NoError(t, err)
 	require.NoError(t, d.Mapping())
 	require.EqualValues(t, fakePage, d.PageSize())
@@ -263,4 +263,44 @@ func TestRemapCalls(t *testing.T) {
 	assert.ErrorIs(t, d.Remap(p.Add(5*fakePage), []device.DevPtr{p}), device.ErrInvalidValue, "onto a mapped page")
 	require.NoError(t, d.ReleaseAddress(p))
 	assert.Zero(t, ctl.liveHandles())
+}
+
+// TestPageSize: WithPageSize makes each mapped page one allocation of that
+// size; a size under the granularity or not a power of two is refused.
+func TestPageSize(t *testing.T) {
+	path := buildFake(t, "default")
+	ctl := openFake(t, path)
+	ctl.setGranularity(fakePage)
+	d, err := New(WithLibrary(path), WithDriverLibrary(path), WithPageSize(4*fakePage))
+	require.NoError(t, err)
+	defer d.Close()
+	assert.EqualValues(t, 4*fakePage, d.PageSize())
+	p, err := d.ReserveAddress(8 * fakePage)
+	require.NoError(t, err)
+	creates := ctl.vmmCount(vmmCreates)
+	require.NoError(t, d.Map(p, 8*fakePage))
+	assert.Equal(t, creates+2, ctl.vmmCount(vmmCreates), "two allocations of four granules")
+	require.NoError(t, d.ReleaseAddress(p))
+	def, err := New(WithLibrary(path), WithDriverLibrary(path))
+	require.NoError(t, err)
+	assert.EqualValues(t, fakePage, def.PageSize(), "the granularity until sized")
+	def.SizePages(1 << 40)
+	assert.EqualValues(t, DefaultPageSize, def.PageSize(), "a large limit: DefaultPageSize")
+	def.SizePages(8 * fakePage * 1024)
+	assert.EqualValues(t, 8*fakePage, def.PageSize(), "limit/1024")
+	def.SizePages(1)
+	assert.EqualValues(t, fakePage, def.PageSize(), "never under the granularity")
+	a := device.NewAllocator(def)
+	require.NoError(t, a.ReserveMapped(4*fakePage*1024))
+	assert.EqualValues(t, 4*fakePage, def.PageSize(), "ReserveMapped sizes the pages for its limit")
+	def.SizePages(1 << 40)
+	assert.EqualValues(t, 4*fakePage, def.PageSize(), "not once an address is reserved")
+	require.NoError(t, a.Close())
+	require.NoError(t, def.Close())
+	d.SizePages(1 << 40)
+	assert.EqualValues(t, 4*fakePage, d.PageSize(), "WithPageSize stays")
+	for _, bad := range []int64{fakePage / 2, 3 * fakePage} {
+		_, err := New(WithLibrary(path), WithDriverLibrary(path), WithPageSize(bad))
+		assert.ErrorIs(t, err, device.ErrInvalidValue, "%d", bad)
+	}
 }
