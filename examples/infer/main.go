@@ -37,7 +37,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +44,7 @@ import (
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/examples/internal/cli"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
 	"github.com/chameleon-go/chameleon/examples/train/gpu"
 	"github.com/chameleon-go/chameleon/layer"
@@ -56,7 +56,7 @@ func main() {
 }
 
 // errUsage marks a bad command line (exit 2).
-var errUsage = errors.New("bad command line")
+var errUsage = cli.ErrUsage
 
 // errDiffer marks a limited run whose outputs differ from the unlimited
 // run's (exit 1).
@@ -79,9 +79,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-func usagef(format string, args ...any) error {
-	return fmt.Errorf(format+": %w", append(args, errUsage)...)
-}
+// usagef is a bad flag value: exit 2.
+func usagef(format string, args ...any) error { return cli.Usagef(format, args...) }
 
 type options struct {
 	device      string
@@ -427,50 +426,11 @@ func medianMS(rounds []Round, keep func(Round) bool) float64 {
 			ts = append(ts, float64(r.Time)/float64(time.Millisecond))
 		}
 	}
-	if len(ts) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(ts)
-	if len(ts)%2 == 1 {
-		return ts[len(ts)/2]
-	}
-	return (ts[len(ts)/2-1] + ts[len(ts)/2]) / 2
+	return cli.Median(ts)
 }
 
-// parseLimit reads --limit as examples/train does: a share of peak in
-// (0%, 100%], bytes with a unit, or none (0).
-func parseLimit(s string, peak int64) (int64, error) {
-	s = strings.TrimSpace(s)
-	if s == "none" {
-		return 0, nil
-	}
-	if p, ok := strings.CutSuffix(s, "%"); ok {
-		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
-		switch {
-		case err != nil || math.IsNaN(f) || math.IsInf(f, 0):
-			return 0, usagef("--limit %q: not a percentage", s)
-		case f <= 0:
-			return 0, usagef("--limit %q: a share of the peak must be above 0%% (none runs without a limit)", s)
-		case f > 100:
-			return 0, usagef("--limit %q: above 100%% of the peak limits nothing", s)
-		}
-		return int64(float64(peak) * f / 100), nil
-	}
-	if strings.HasPrefix(s, "-") {
-		return 0, usagef("--limit %q: a size cannot be negative", s)
-	}
-	if _, err := strconv.ParseFloat(s, 64); err == nil {
-		return 0, usagef("--limit %q has no unit: give a share of the peak (40%%) or bytes with a unit (%sB, 4MiB)", s, s)
-	}
-	n, err := chameleon.ParseBytes(s)
-	if err != nil {
-		return 0, usagef("--limit %q: %v", s, err)
-	}
-	if n <= 0 {
-		return 0, usagef("--limit %q holds nothing: none runs only without a limit", s)
-	}
-	return n, nil
-}
+// parseLimit reads --limit (cli.ParseLimit).
+func parseLimit(s string, peak int64) (int64, error) { return cli.ParseLimit(s, peak) }
 
 func minSwap(s string, m Model) (int64, error) {
 	if s == "auto" {

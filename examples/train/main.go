@@ -31,13 +31,13 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/examples/internal/cli"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
 	"github.com/chameleon-go/chameleon/examples/train/gpu"
 	"github.com/chameleon-go/chameleon/layer"
@@ -50,7 +50,7 @@ func main() {
 
 // errUsage marks a bad command line (exit 2); the flag package has printed
 // its own errors and the usage already.
-var errUsage = errors.New("bad command line")
+var errUsage = cli.ErrUsage
 
 // runMain runs the command and returns its exit status: 0 done (or -h),
 // 1 the run failed, 2 a bad command line.
@@ -70,9 +70,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // usagef is a bad flag value: exit 2.
-func usagef(format string, args ...any) error {
-	return fmt.Errorf(format+": %w", append(args, errUsage)...)
-}
+func usagef(format string, args ...any) error { return cli.Usagef(format, args...) }
 
 // options are the command's flags.
 type options struct {
@@ -469,57 +467,11 @@ func medianMS(steps []Step, keep func(Step) bool) float64 {
 			ts = append(ts, float64(s.Time.Microseconds())/1000)
 		}
 	}
-	if len(ts) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(ts)
-	if len(ts)%2 == 1 {
-		return ts[len(ts)/2]
-	}
-	return (ts[len(ts)/2-1] + ts[len(ts)/2]) / 2
+	return cli.Median(ts)
 }
 
-// parseLimit reads --limit: a share of peak in (0%, 100%], bytes with a
-// unit, or none (0: run only without a limit). A bare number is refused
-// ("50": did you mean 50%?), so are 0, negative sizes and shares above 100%.
-func parseLimit(s string, peak int64) (int64, error) {
-	s = strings.TrimSpace(s)
-	if s == "none" {
-		return 0, nil
-	}
-	if p, ok := strings.CutSuffix(s, "%"); ok {
-		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
-		switch {
-		case err != nil || math.IsNaN(f) || math.IsInf(f, 0):
-			return 0, usagef("--limit %q: not a percentage", s)
-		case f <= 0:
-			return 0, usagef("--limit %q: a share of the peak must be above 0%% (none runs without a limit)", s)
-		case f > 100:
-			return 0, usagef("--limit %q: above 100%% of the peak limits nothing", s)
-		}
-		return int64(float64(peak) * f / 100), nil
-	}
-	if strings.HasPrefix(s, "-") {
-		return 0, usagef("--limit %q: a size cannot be negative", s)
-	}
-	if v, err := strconv.ParseFloat(s, 64); err == nil {
-		switch {
-		case v == 0:
-			return 0, usagef("--limit %q holds nothing: none runs only without a limit", s)
-		case v <= 100:
-			return 0, usagef("--limit %q has no unit: did you mean %s%%? (bytes need a unit: %sMiB, %sB)", s, s, s, s)
-		}
-		return 0, usagef("--limit %q has no unit: give a share of the peak (50%%) or bytes with a unit (%sB, 512MiB)", s, s)
-	}
-	n, err := chameleon.ParseBytes(s)
-	if err != nil {
-		return 0, usagef("--limit %q: %v", s, err)
-	}
-	if n <= 0 {
-		return 0, usagef("--limit %q holds nothing: none runs only without a limit", s)
-	}
-	return n, nil
-}
+// parseLimit reads --limit (cli.ParseLimit).
+func parseLimit(s string, peak int64) (int64, error) { return cli.ParseLimit(s, peak) }
 
 func minSwap(s string, m Model) (int64, error) {
 	if s == "auto" {
