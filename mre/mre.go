@@ -195,6 +195,7 @@ type planner struct {
 	gOf        []int
 	cands      []cand
 	rem        []int64 // need left after the current selection
+	dirty      int     // the first point whose unsat count may be stale
 	unsat      []int32 // prefix count of rem > 0
 	nmre       int
 	maxB       int64
@@ -854,6 +855,7 @@ func (p *planner) timedSpan(c *cand) (int, int) {
 // selectSwaps runs the greedy selection with the current timings.
 func (p *planner) selectSwaps() []simulate.Swap {
 	copy(p.rem, p.need)
+	p.dirty = 0
 	for x := range p.cands {
 		c := &p.cands[x]
 		c.sel = false
@@ -966,18 +968,24 @@ func (p *planner) score(cnt int, bytes int64, id trace.TensorID) float64 {
 
 // refreshUnsat rebuilds the prefix count of unsatisfied points and returns
 // their number.
+// Only the counts from the first point satisfied since the last refresh
+// (dirty) on change.
 func (p *planner) refreshUnsat() int32 {
-	for t, r := range p.rem {
+	for t := p.dirty; t < p.n; t++ {
 		p.unsat[t+1] = p.unsat[t]
-		if r > 0 {
+		if p.rem[t] > 0 {
 			p.unsat[t+1]++
 		}
 	}
+	p.dirty = p.n
 	return p.unsat[p.n]
 }
 
 func (p *planner) cover(lo, hi int, b int64) {
 	for t := lo; t < hi; t++ {
+		if p.rem[t] > 0 && p.rem[t] <= b && t < p.dirty {
+			p.dirty = t
+		}
 		p.rem[t] -= b
 	}
 }
