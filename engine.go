@@ -211,7 +211,11 @@ type Engine struct {
 	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
 	// next plan leaves headroom for growth (plan.Input.Growing).
 	outgrown bool
-	rank     rankState // WithRank's exchanges
+	// lastBytes is the last iteration's allocated bytes, grew how many
+	// iterations in a row they rose (outgrew).
+	lastBytes int64
+	grew      int
+	rank      rankState // WithRank's exchanges
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
 	prefetches []*Tensor

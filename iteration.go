@@ -343,11 +343,17 @@ func (it *Iteration) End() Result {
 		r.SimulatedMS = p.simMS
 	}
 	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
+	if e.lastBytes > 0 && key.Bytes > e.lastBytes {
+		e.grew++
+	} else {
+		e.grew = 0
+	}
+	e.lastBytes = key.Bytes
 	obs := observation{key: key, changed: res.Changed, profiled: it.detail != nil,
 		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
 	if p := e.policy; p != nil {
 		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
-		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps)
+		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps, e.grew)
 		r.Matched = p.matched
 	}
 	d := e.life.end(obs)

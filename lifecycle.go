@@ -129,11 +129,18 @@ func (l *lifecycle) end(o observation) decision {
 
 // outgrew reports whether an iteration outgrew the policy in force: its
 // allocated bytes above those of the profile the policy was planned from,
-// and more forced evictions than a twentieth of the planned swaps (any, for
-// a policy of none).
-func outgrew(bytes, plannedBytes, evictions int64, swaps int) bool {
-	return bytes > plannedBytes && evictions > int64(swaps)/20
+// after growing steadily (rising over the last grownFor iterations in a
+// row: grew counts them), and more forced evictions than a twentieth of
+// the planned swaps (any, for a policy of none). Bytes that move up and
+// down (an MoE step's routing) are not growth: a new plan would not hold
+// the next iteration better.
+func outgrew(bytes, plannedBytes, evictions int64, swaps, grew int) bool {
+	return grew >= grownFor && bytes > plannedBytes && evictions > int64(swaps)/20
 }
+
+// grownFor is how many iterations in a row the bytes must rise before a
+// policy counts as outgrown.
+const grownFor = 3
 
 // planned reports how the planning that end asked for went: a sequence
 // with no feasible policy is not planned again.

@@ -143,14 +143,16 @@ func TestLifecycleProfile(t *testing.T) {
 	assert.False(t, l.profile(true, seq.Stable, none), "keyB failed: not profiled again")
 }
 
-// TestOutgrew: an iteration outgrows its policy when its bytes grew past
-// the profile's and it forced more evictions than a twentieth of the
-// planned swaps; a policy of no swaps, by any eviction.
+// TestOutgrew: an iteration outgrows its policy when its bytes, rising
+// for three iterations in a row, grew past the profile's and it forced
+// more evictions than a twentieth of the planned swaps; a policy of no
+// swaps, by any eviction.
 func TestOutgrew(t *testing.T) {
-	assert.True(t, outgrew(1010, 1000, 1, 0))
-	assert.False(t, outgrew(1000, 1000, 5, 0), "the bytes did not grow: not outgrown")
-	assert.False(t, outgrew(990, 1000, 5, 0))
-	assert.False(t, outgrew(1010, 1000, 0, 0), "no eviction")
-	assert.False(t, outgrew(1010, 1000, 2, 40), "2 evictions against 40 planned swaps")
-	assert.True(t, outgrew(1010, 1000, 3, 40))
+	assert.True(t, outgrew(1010, 1000, 1, 0, 3))
+	assert.False(t, outgrew(1010, 1000, 1, 0, 2), "bytes that rose twice are not yet growth")
+	assert.False(t, outgrew(1000, 1000, 5, 0, 3), "the bytes did not grow: not outgrown")
+	assert.False(t, outgrew(990, 1000, 5, 0, 3))
+	assert.False(t, outgrew(1010, 1000, 0, 0, 3), "no eviction")
+	assert.False(t, outgrew(1010, 1000, 2, 40, 3), "2 evictions against 40 planned swaps")
+	assert.True(t, outgrew(1010, 1000, 3, 40, 5))
 }
