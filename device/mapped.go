@@ -58,6 +58,18 @@ type PageSizer interface {
 	SizePages(limit int64)
 }
 
+// PageFor is the page size a PageSizer picks for a limit of limit bytes:
+// the largest power of two at most limit/1024, from granule (the driver's
+// smallest page) up to most. With 2 MiB and 16 MiB (CUDA) a limit of
+// 16 GiB and more gets 16 MiB pages, one of 2 GiB and less 2 MiB ones.
+func PageFor(limit, granule, most int64) int64 {
+	page := granule
+	for page*2 <= most && page*2*1024 <= limit {
+		page *= 2
+	}
+	return page
+}
+
 // pageMap is the page state of one segment of reserved address space.
 type pageMap struct {
 	shift uint

@@ -23,11 +23,7 @@ func replayAt(t *testing.T, name string, pct float64, scale int64) *replay.Repor
 	}
 	tr := shared(t, name)
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * pct)
-	page := int64(512)
-	for page*scale < 2<<20 {
-		page *= 2
-	}
-	dev, err := host.New(limit, host.WithPageSize(page))
+	dev, err := host.New(limit, host.WithPageSize(replay.PageAtScale(limit, scale)))
 	require.NoError(t, err)
 	defer dev.Close()
 	d := seq.DefaultConfig()

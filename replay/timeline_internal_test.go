@@ -39,3 +39,14 @@ func TestSpansSplitIdleTimeByCause(t *testing.T) {
 	assert.InDelta(t, (50+95)/1e3, ir.DeviceStallMS, 1e-9)
 	assert.Equal(t, []Stall{{Op: 4, Name: "e", MS: 0.39, OnHost: true}, {Op: 2, Name: "c", MS: 0.055, OnHost: true}}, ir.WorstStalls)
 }
+
+// TestPageAtScale: the host's page at a scale is CUDA's page for the
+// full-size limit, divided by the scale.
+func TestPageAtScale(t *testing.T) {
+	const mib, gib = 1 << 20, 1 << 30
+	assert.EqualValues(t, 16*mib/2048, PageAtScale(17*gib/2048, 2048), "16 MiB pages for 17 GiB")
+	assert.EqualValues(t, 2*mib/1024, PageAtScale(2*gib/1024, 1024), "2 MiB pages for 2 GiB")
+	assert.EqualValues(t, 4*mib/1024, PageAtScale(4*gib/1024, 1024))
+	assert.EqualValues(t, 512, PageAtScale(1<<20, 1<<20), "never under a block")
+	assert.EqualValues(t, 4096, PageAtScale(2*gib/1000, 1000), "rounded up to a power of two")
+}

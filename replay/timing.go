@@ -297,3 +297,17 @@ func median(v []float64) float64 {
 	}
 	return (v[n/2-1] + v[n/2]) / 2
 }
+
+// PageAtScale is the page of a host device that models, at scale, the CUDA
+// device's pages for a limit of limit bytes (scaled): the page CUDA picks
+// for the full-size limit (device.PageFor, 2 to 16 MiB), divided by scale,
+// rounded up to a power of two of at least device.BlockSize.
+func PageAtScale(limit, scale int64) int64 {
+	scale = max(scale, 1)
+	full := device.PageFor(limit*scale, 2<<20, 16<<20)
+	p := int64(device.BlockSize)
+	for p*scale < full {
+		p *= 2
+	}
+	return p
+}

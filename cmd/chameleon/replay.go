@@ -113,8 +113,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	case "host":
 		// The host "device" holds exactly the limit: the Engine reserves
 		// it, so nothing above it can ever be handed out. Its pages model
-		// the GPU's 2 MiB ones at the replay's scale.
-		hopts := []host.Option{host.WithName("host"), host.WithPageSize(pageAtScale(*scale))}
+		// the GPU's at the replay's scale (replay.PageAtScale).
+		hopts := []host.Option{host.WithName("host"), host.WithPageSize(replay.PageAtScale(limit, *scale))}
 		if tm != nil {
 			// The link is modeled, at the replay's scale so that a copy
 			// takes its full size's time, and the Engine plans on it.
@@ -282,14 +282,4 @@ func spinner(d *cuda.Device) (*driver.Spinner, error) {
 		return nil, fmt.Errorf("--timing: %w", err)
 	}
 	return sp, nil
-}
-
-// pageAtScale is CUDA's 2 MiB page divided by scale, rounded up to a power
-// of two of at least device.BlockSize.
-func pageAtScale(scale int64) int64 {
-	p := int64(device.BlockSize)
-	for p*scale < 2<<20 {
-		p *= 2
-	}
-	return p
 }

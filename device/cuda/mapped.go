@@ -259,9 +259,5 @@ func (d *Device) SizePages(limit int64) {
 	if m.fixed || m.res.Len() > 0 {
 		return
 	}
-	page := m.granule
-	for page*2 <= DefaultPageSize && page*2*1024 <= limit {
-		page *= 2
-	}
-	m.res.Page = page
+	m.res.Page = device.PageFor(limit, m.granule, DefaultPageSize)
 }
