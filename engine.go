@@ -511,10 +511,8 @@ func (e *Engine) Release(t *Tensor) error {
 func (e *Engine) drop(t *Tensor) error {
 	err := e.unkeep(t)
 	switch t.state {
-	case resident:
-		err = e.alloc.FreeOn(t.ptr, e.compute)
-	case swappedIn:
-		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	case resident, swappedIn:
+		err = errors.Join(err, e.freeDevice(t))
 	case swapped:
 		err = errors.Join(err, e.pool.PutAfter(t.host, t.outDone, e.d2h))
 	}
@@ -544,14 +542,21 @@ func (e *Engine) free(t *Tensor) error {
 		return err
 	}
 	switch t.state {
-	case resident:
-		return e.alloc.FreeOn(t.ptr, e.compute)
-	case swappedIn:
-		// Compute never waited on the copy back: free behind the copy.
-		return e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	case resident, swappedIn:
+		return e.freeDevice(t)
 	case dropped:
 		return nil
 	default:
 		return e.pool.PutAfter(t.host, t.outDone, e.d2h)
 	}
+}
+
+// freeDevice gives t's device memory back behind the work that may still
+// use it: the compute stream's kernels so far, or, for a tensor still
+// arriving (swappedIn: compute never waited on it), its copy back.
+func (e *Engine) freeDevice(t *Tensor) error {
+	if t.state == swappedIn {
+		return e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	}
+	return e.alloc.FreeOn(t.ptr, e.compute)
 }

@@ -150,13 +150,7 @@ func (e *Engine) evictKept(t *Tensor) error {
 	if err := e.dev.Record(done, e.d2h); err != nil {
 		return faulted("release of the kept copy", t, err)
 	}
-	var err error
-	if t.state == swappedIn {
-		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
-	} else {
-		err = e.alloc.FreeOn(t.ptr, e.compute)
-	}
-	if err != nil {
+	if err := e.freeDevice(t); err != nil {
 		return faulted("release of the kept copy", t, err)
 	}
 	t.kept, t.outDone, t.state, t.ptr = false, done, swapped, 0

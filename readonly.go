@@ -98,13 +98,7 @@ func (e *Engine) fill(t *Tensor, src []byte) error {
 	}
 	// The device memory goes behind the compute stream's work so far (the
 	// kernels that still read it), or behind its copy back.
-	var err error
-	if t.state == swappedIn {
-		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
-	} else {
-		err = e.alloc.FreeOn(t.ptr, e.compute)
-	}
-	if err != nil {
+	if err := e.freeDevice(t); err != nil {
 		return faulted("fill", t, err, e.putUnlessKept(t, buf))
 	}
 	t.host, t.outDone, t.state, t.ptr, t.kept = buf, done, swapped, 0, false

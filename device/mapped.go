@@ -382,25 +382,34 @@ func (p *pool) back(b *block) error {
 // whose events have completed go first; then the host waits for the events
 // of others.
 func (p *pool) reclaim(n int64) error {
-	return p.cachedPages(n, func(seg *segment, lo, hi int, n int64) (int64, error) {
-		return p.unmapCached(seg, lo, hi, n)
+	return p.cachedPages(n, func(seg *segment, lo, hi int) error {
+		pm := seg.pages
+		p.unmaps++
+		if err := p.mapper.Unmap(DevPtr(seg.addr+uintptr(lo)<<pm.shift), int64(hi-lo)<<pm.shift); err != nil {
+			return fmt.Errorf("%s: unmap %d pages: %w", p.what, hi-lo, err)
+		}
+		pm.setMapped(lo, hi, false)
+		p.a.mappedPages -= int64(hi - lo)
+		p.pagesOut += int64(hi - lo)
+		return nil
 	})
 }
 
-// cachedPages hands take up to n cached pages, a free range's pages
-// [lo, hi) of seg at a time, settled first: ranges whose events have
-// completed go first; then the host waits for the events of others. take
-// returns how many of the range's cached pages it took.
-func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int, n int64) (int64, error)) error {
+// cachedPages hands take n cached pages (mapped, used by no block), a run
+// [lo, hi) of seg's pages at a time, from free ranges settled first: ranges
+// whose events have completed go first; then the host waits for the events
+// of others. take leaves the run unmapped in the page map.
+func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) error {
 	for pass := 0; pass < 2 && n > 0; pass++ {
 		for si := range p.a.segs {
 			seg := &p.a.segs[si]
+			pm := seg.pages
 			for f := seg.head; f != nil && n > 0; f = f.next {
 				if !f.free {
 					continue
 				}
-				lo, hi := seg.pages.span(seg, f.addr, f.size)
-				if !seg.pages.cached(lo, hi) {
+				lo, hi := pm.span(seg, f.addr, f.size)
+				if !pm.cached(lo, hi) {
 					continue
 				}
 				if len(f.pending) > 0 {
@@ -412,10 +421,20 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int, n int64)
 						continue
 					}
 				}
-				got, err := take(seg, lo, hi, n)
-				n -= got
-				if err != nil {
-					return err
+				for i := lo; i < hi && n > 0; {
+					if pm.users[i] != 0 || !pm.mapped[i] {
+						i++
+						continue
+					}
+					j := i
+					for j < hi && int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] {
+						j++
+					}
+					if err := take(seg, i, j); err != nil {
+						return err
+					}
+					n -= int64(j - i)
+					i = j
 				}
 			}
 		}
@@ -437,24 +456,10 @@ func (p *pool) remap(rm Remapper, dseg *segment, lo, hi int, n int64) error {
 		lo, hi int
 	}
 	var runs []run
-	err := p.cachedPages(n, func(seg *segment, slo, shi int, n int64) (int64, error) {
-		pm := seg.pages
-		var got int64
-		for i := slo; i < shi && got < n; {
-			if pm.users[i] != 0 || !pm.mapped[i] {
-				i++
-				continue
-			}
-			j := i
-			for j < shi && got+int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] {
-				j++
-			}
-			pm.setMapped(i, j, false)
-			runs = append(runs, run{seg, i, j})
-			got += int64(j - i)
-			i = j
-		}
-		return got, nil
+	err := p.cachedPages(n, func(seg *segment, slo, shi int) error {
+		seg.pages.setMapped(slo, shi, false)
+		runs = append(runs, run{seg, slo, shi})
+		return nil
 	})
 	srcs := p.srcs[:0]
 	for _, r := range runs {
@@ -463,15 +468,14 @@ func (p *pool) remap(rm Remapper, dseg *segment, lo, hi int, n int64) error {
 		}
 	}
 	p.srcs = srcs
+	// restore maps back, in the page map, the sources from srcs[from] on.
 	restore := func(from int) {
-		for _, a := range srcs[from:] {
-			for si := range p.a.segs {
-				seg := &p.a.segs[si]
-				if uintptr(a) >= seg.addr && uintptr(a) < seg.addr+uintptr(seg.size) {
-					i := int((uintptr(a) - seg.addr) >> seg.pages.shift)
-					seg.pages.setMapped(i, i+1, true)
-				}
+		x := 0
+		for _, r := range runs {
+			if l := r.lo + max(from-x, 0); l < r.hi {
+				r.seg.pages.setMapped(l, r.hi, true)
 			}
+			x += r.hi - r.lo
 		}
 	}
 	if err != nil {
@@ -502,7 +506,6 @@ func (p *pool) remap(rm Remapper, dseg *segment, lo, hi int, n int64) error {
 		used += k
 		i = j
 	}
-	restore(used) // none: the block had as many unmapped pages as were taken
 	return nil
 }
 
@@ -539,30 +542,4 @@ func (p *pool) settle(f *block, wait bool) (bool, error) {
 	}
 	p.a.release(f)
 	return true, nil
-}
-
-// unmapCached unmaps up to n cached pages in [lo, hi) of seg, in runs.
-func (p *pool) unmapCached(seg *segment, lo, hi int, n int64) (int64, error) {
-	pm := seg.pages
-	var got int64
-	for i := lo; i < hi && got < n; {
-		if pm.users[i] != 0 || !pm.mapped[i] {
-			i++
-			continue
-		}
-		j := i
-		for j < hi && got+int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] {
-			j++
-		}
-		p.unmaps++
-		if err := p.mapper.Unmap(DevPtr(seg.addr+uintptr(i)<<pm.shift), int64(j-i)<<pm.shift); err != nil {
-			return got, fmt.Errorf("%s: unmap %d pages: %w", p.what, j-i, err)
-		}
-		pm.setMapped(i, j, false)
-		p.a.mappedPages -= int64(j - i)
-		p.pagesOut += int64(j - i)
-		got += int64(j - i)
-		i = j
-	}
-	return got, nil
 }

@@ -16,7 +16,6 @@ import (
 	"io"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/chameleon-go/chameleon"
@@ -450,6 +449,8 @@ type runner struct {
 	round     int // the round being replayed
 	// the Engine's allocator counters at the end of the last iteration
 	hostWaits, maps, pages int64
+	// stableTimeline: Report.Timeline is of a STABLE iteration.
+	stableTimeline bool
 	// A timed replay (Config.Timing): the op times of each trace iteration
 	// (µs), where they come from, the Engine's estimator of them and each
 	// iteration's kernels alone (ms).
@@ -606,7 +607,8 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		}
 		sp := spans(names, issuedAt, st)
 		stallsOf(&ir, sp, 5)
-		if ir.Stage == "STABLE" || !strings.HasSuffix(r.rep.TimelineOf, "STABLE") {
+		if stable := ir.Stage == "STABLE"; stable || !r.stableTimeline {
+			r.stableTimeline = stable
 			r.rep.Timeline = sp
 			r.rep.TimelineOf = fmt.Sprintf("round %d iteration %d, %s", r.round, it.Index, ir.Stage)
 		}

@@ -167,7 +167,12 @@ func (d *Device) Remap(dst device.DevPtr, srcs []device.DevPtr) error {
 			return fmt.Errorf("host: remap to %#x+%d: page %d already mapped: %w", uintptr(dst), size, dlo+i, device.ErrInvalidValue)
 		}
 	}
-	for _, src := range srcs {
+	type at struct {
+		a allocation
+		i int
+	}
+	from := make([]at, len(srcs))
+	for x, src := range srcs {
 		sa, slo, _, err := d.pageRange("remap", src, page)
 		if err != nil {
 			return err
@@ -178,12 +183,12 @@ func (d *Device) Remap(dst device.DevPtr, srcs []device.DevPtr) error {
 		if sa.base == da.base && slo >= dlo && slo < dlo+len(srcs) {
 			return fmt.Errorf("host: remap %#x into %#x+%d: the page is in the range: %w", uintptr(src), uintptr(dst), size, device.ErrInvalidValue)
 		}
+		from[x] = at{sa, slo}
 	}
-	for i, src := range srcs {
-		sa, slo, _, _ := d.pageRange("remap", src, page)
-		sa.pages[slo], da.pages[dlo+i] = false, true
-		off := int64(src - sa.base)
-		discardMem(sa.mem[off : off+page])
+	for x, f := range from {
+		f.a.pages[f.i], da.pages[dlo+x] = false, true
+		off := int64(f.i) * page
+		discardMem(f.a.mem[off : off+page])
 	}
 	return nil
 }

@@ -33,21 +33,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/cuda"
-	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/examples/internal/backend"
 	"github.com/chameleon-go/chameleon/examples/internal/cli"
-	"github.com/chameleon-go/chameleon/examples/train/compute"
-	"github.com/chameleon-go/chameleon/examples/train/gpu"
-	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/seq"
 )
 
@@ -156,67 +150,6 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
-// backend is an opened device with its kernel factory.
-type backend struct {
-	dev     device.Device
-	kernels Kernels
-	est     layer.Estimator
-	free    int64 // device memory free at start, 0: unbounded
-	close   func() error
-}
-
-func open(o *options) (*backend, error) {
-	switch o.device {
-	case "host":
-		var hopts []host.Option
-		if o.hostBW > 0 {
-			hopts = append(hopts, host.WithBandwidth(o.hostBW*1e9, o.hostBW*1e9))
-		}
-		d, err := host.New(math.MaxInt64/4, hopts...)
-		if err != nil {
-			return nil, err
-		}
-		return &backend{dev: d, close: d.Close, est: hostCostModel(o.workers),
-			kernels: func(s device.Stream) (compute.Kernels, error) { return compute.NewHost(d, s, o.workers), nil }}, nil
-	case "cuda":
-		d, err := cuda.New()
-		if err != nil {
-			return nil, err
-		}
-		g, err := gpu.New(d.DefaultStream(), gpu.WithTF32(o.tf32), gpu.WithArch(o.arch))
-		if err != nil {
-			d.Close()
-			return nil, err
-		}
-		free, _, err := d.MemInfo()
-		if err != nil {
-			g.Close()
-			d.Close()
-			return nil, err
-		}
-		return &backend{dev: d, free: free, close: func() error { return errors.Join(g.Close(), d.Close()) },
-			kernels: func(s device.Stream) (compute.Kernels, error) {
-				if s != d.DefaultStream() {
-					return nil, fmt.Errorf("compute stream %#x is not the stream the GPU kernels were made for", uintptr(s))
-				}
-				return g, nil
-			}}, nil
-	}
-	return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
-}
-
-// hostCostModel prices ops for the planner on the host backend: the
-// default cost model at the throughput of pure-Go kernels.
-func hostCostModel(workers int) layer.Estimator {
-	if workers <= 0 {
-		workers = runtime.GOMAXPROCS(0)
-	}
-	m := layer.DefaultCostModel()
-	m.Device = layer.Device{FLOPS: 2e9 * float64(workers), FLOPS32: 2e9 * float64(workers), Bandwidth: 8e9}
-	m.LaunchUS = 2
-	return m
-}
-
 // defaultLink is the Engine's link each way when none is set (the measured
 // H200 figure, chameleon.WithLinkBandwidth).
 const defaultLink = 55e9
@@ -226,17 +159,17 @@ func run(args []string, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b, err := open(o)
+	b, err := backend.Open(backend.Options{Device: o.device, Workers: o.workers, HostBW: o.hostBW, TF32: o.tf32, Arch: o.arch})
 	if err != nil {
 		return err
 	}
-	defer b.close()
+	defer b.Close()
 	m := o.model
 	link := o.link * 1e9
 	if link == 0 && o.device == "host" && o.hostBW > 0 {
 		link = o.hostBW * 1e9
 	}
-	cfg := Config{Model: m, Steps: o.steps, Seed: o.seed, Hints: o.hints, Link: link, Estimator: b.est}
+	cfg := Config{Model: m, Steps: o.steps, Seed: o.seed, Hints: o.hints, Link: link, Estimator: b.Est}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
 	}
@@ -249,27 +182,27 @@ func run(args []string, out, stderr io.Writer) error {
 	}
 	tokens := o.steps * m.Sessions
 	fmt.Fprintf(out, "device %s: %d blocks, width %d, ffn %d, vocab %d; weights %s (Frozen, filled from the host); %d sessions, prompt %d, %d rounds (%d tokens)\n",
-		b.dev.Name(), m.Layers, m.Width, m.FFN, m.Vocab, bytesStr(m.WeightBytes()), m.Sessions, m.Prompt, o.steps, tokens)
+		b.Dev.Name(), m.Layers, m.Width, m.FFN, m.Vocab, bytesStr(m.WeightBytes()), m.Sessions, m.Prompt, o.steps, tokens)
 
 	// The run without a limit: nothing to evict for, so no hints.
 	base := cfg
 	base.Hints = false
 	base.Limit = m.UpperBoundBytes(o.steps)
-	if mp, ok := b.dev.(device.Mapper); ok && mp.PageSize() > 0 {
+	if mp, ok := b.Dev.(device.Mapper); ok && mp.PageSize() > 0 {
 		// On pages, every block may hold a part of a page more: the
 		// weights, two caches a session and block (the old one and the
 		// one a row longer) and the activations.
 		base.Limit += int64(3*m.Layers+2+2*m.Sessions*m.Layers+8) * mp.PageSize()
 	}
-	if b.free > 0 && base.Limit > b.free*9/10 {
-		base.Limit = b.free * 9 / 10
+	if b.Free > 0 && base.Limit > b.Free*9/10 {
+		base.Limit = b.Free * 9 / 10
 	}
 	noLimit := strings.TrimSpace(o.limit) == "none"
 	if noLimit && !o.quiet {
 		base.Progress = func(r Round) { printRound(out, r) }
 	}
 	fmt.Fprintf(out, "unlimited run on a reservation of %s\n", bytesStr(base.Limit))
-	baseRep, err := Run(b.dev, b.kernels, base)
+	baseRep, err := Run(b.Dev, b.Kernels, base)
 	if err != nil {
 		return fmt.Errorf("unlimited run: %w", err)
 	}
@@ -294,7 +227,7 @@ func run(args []string, out, stderr io.Writer) error {
 	}
 	fmt.Fprintf(out, "limited run: limit %s (%.0f%% of the unlimited peak); the weights are %.2fx the limit\n",
 		bytesStr(limit), 100*float64(limit)/float64(peak), float64(m.WeightBytes())/float64(limit))
-	rep, err := Run(b.dev, b.kernels, cfg)
+	rep, err := Run(b.Dev, b.Kernels, cfg)
 	if err != nil {
 		return fmt.Errorf("limited run: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/examples/internal/backend"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/simulate"
@@ -131,23 +132,6 @@ type Report struct {
 // Kernels makes the kernel set for the Engine's compute stream.
 type Kernels func(compute device.Stream) (compute.Kernels, error)
 
-// fittedEstimator fits the op times to the round time measured without a
-// limit (see examples/train: the profiled round runs under the limit, and
-// its stalls are not compute).
-type fittedEstimator struct {
-	base   layer.Estimator
-	stepMS float64
-}
-
-func (e fittedEstimator) Estimate(it *trace.Iteration) []float64 {
-	if e.stepMS <= 0 {
-		return e.base.Estimate(it)
-	}
-	c := *it
-	c.TimeMS = e.stepMS
-	return e.base.Estimate(&c)
-}
-
 // weights are one block's, and the model's ends.
 type block struct{ wk, w1, w2 *chameleon.Tensor }
 
@@ -184,18 +168,7 @@ func Run(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err er
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	est := cfg.Estimator
-	if est == nil {
-		est = layer.Default()
-	}
-	opts := []chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit),
-		chameleon.WithEstimator(fittedEstimator{base: est, stepMS: cfg.StepMS})}
-	if cfg.MinSwap > 0 {
-		opts = append(opts, chameleon.WithMinSwapBytes(cfg.MinSwap))
-	}
-	if cfg.Link > 0 {
-		opts = append(opts, chameleon.WithLinkBandwidth(cfg.Link))
-	}
+	opts := backend.EngineOptions(cfg.Limit, cfg.Estimator, cfg.StepMS, cfg.MinSwap, cfg.Link)
 	eng, err := chameleon.New(dev, append(opts, cfg.Options...)...)
 	if err != nil {
 		return nil, err

@@ -29,18 +29,12 @@ import (
 	"io"
 	"math"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 
 	"github.com/chameleon-go/chameleon"
-	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/device/cuda"
-	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/examples/internal/backend"
 	"github.com/chameleon-go/chameleon/examples/internal/cli"
-	"github.com/chameleon-go/chameleon/examples/train/compute"
-	"github.com/chameleon-go/chameleon/examples/train/gpu"
-	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/seq"
 )
 
@@ -182,76 +176,12 @@ func (o *options) check() error {
 	return nil
 }
 
-// backend is an opened device with its kernel factory.
-type backend struct {
-	dev     device.Device
-	kernels Kernels
-	est     layer.Estimator
-	link    float64
-	// free bounds a reservation (device memory free at start), 0: none.
-	free  int64
-	close func() error
-}
-
-func open(o *options) (*backend, error) {
-	switch o.device {
-	case "host":
-		d, err := host.New(math.MaxInt64/4, hostOptions(o)...)
-		if err != nil {
-			return nil, err
-		}
-		b := &backend{dev: d, close: d.Close, est: hostCostModel(o.workers),
-			kernels: func(s device.Stream) (compute.Kernels, error) { return compute.NewHost(d, s, o.workers), nil }}
-		if o.hostBW > 0 {
-			b.link = o.hostBW * 1e9
-		}
-		return b, nil
-	case "cuda":
-		d, err := cuda.New()
-		if err != nil {
-			return nil, err
-		}
-		g, err := gpu.New(d.DefaultStream(), gpu.WithTF32(o.tf32), gpu.WithArch(o.arch))
-		if err != nil {
-			d.Close()
-			return nil, err
-		}
-		free, _, err := d.MemInfo()
-		if err != nil {
-			g.Close()
-			d.Close()
-			return nil, err
-		}
-		return &backend{dev: d, free: free, close: func() error { return errors.Join(g.Close(), d.Close()) },
-			kernels: func(s device.Stream) (compute.Kernels, error) {
-				if s != d.DefaultStream() {
-					return nil, fmt.Errorf("compute stream %#x is not the stream the GPU kernels were made for", uintptr(s))
-				}
-				return g, nil
-			}}, nil
+// hostLink is the host backend's modeled link each way (0: none).
+func hostLink(o *options) float64 {
+	if o.device == "host" && o.hostBW > 0 {
+		return o.hostBW * 1e9
 	}
-	return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
-}
-
-func hostOptions(o *options) []host.Option {
-	if o.hostBW > 0 {
-		return []host.Option{host.WithBandwidth(o.hostBW*1e9, o.hostBW*1e9)}
-	}
-	return nil
-}
-
-// hostCostModel prices ops for the planner on the host backend: the H200
-// cost model with the throughput of pure-Go kernels, so that a GEMM weighs
-// against an elementwise op as it does here. Times are fitted to the
-// measured step anyway; only the ratios matter.
-func hostCostModel(workers int) layer.Estimator {
-	if workers <= 0 {
-		workers = runtime.GOMAXPROCS(0)
-	}
-	m := layer.DefaultCostModel()
-	m.Device = layer.Device{FLOPS: 2e9 * float64(workers), FLOPS32: 2e9 * float64(workers), Bandwidth: 8e9}
-	m.LaunchUS = 2
-	return m
+	return 0
 }
 
 func run(args []string, out, stderr io.Writer) error {
@@ -259,18 +189,18 @@ func run(args []string, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b, err := open(o)
+	b, err := backend.Open(backend.Options{Device: o.device, Workers: o.workers, HostBW: o.hostBW, TF32: o.tf32, Arch: o.arch})
 	if err != nil {
 		return err
 	}
-	defer b.close()
+	defer b.Close()
 	m := o.model
 	lr := float32(o.lr)
 	if lr == 0 {
 		lr = DefaultLR(m.Width)
 	}
 	cfg := Config{Model: m, Steps: o.steps, LR: lr, Momentum: float32(o.momentum), Seed: o.seed,
-		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: b.link, Estimator: b.est, PhaseSync: o.phaseTimes, Recompute: o.recompute}
+		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: hostLink(o), Estimator: b.Est, PhaseSync: o.phaseTimes, Recompute: o.recompute}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
 	}
@@ -279,7 +209,7 @@ func run(args []string, out, stderr io.Writer) error {
 		return fmt.Errorf("--host-reserve: %w", err)
 	}
 	fmt.Fprintf(out, "device %s: %d blocks, width %d, ffn %d, batch %d; parameters %s (x3 with gradients and momentum), saved activations %s per step\n",
-		b.dev.Name(), m.Layers, m.Width, m.FFN, m.Batch, bytesStr(m.ParamBytes()), bytesStr(m.SavedActivationBytes()))
+		b.Dev.Name(), m.Layers, m.Width, m.FFN, m.Batch, bytesStr(m.ParamBytes()), bytesStr(m.SavedActivationBytes()))
 
 	// The run without a limit: its reservation covers the analytic upper
 	// bound, and is doubled if the Engine still had to evict.
@@ -298,15 +228,15 @@ func run(args []string, out, stderr io.Writer) error {
 	}
 	var baseRep *Report
 	for {
-		if b.free > 0 && base.Limit > b.free*9/10 {
-			base.Limit = b.free * 9 / 10
+		if b.Free > 0 && base.Limit > b.Free*9/10 {
+			base.Limit = b.Free * 9 / 10
 		}
 		fmt.Fprintf(out, "unlimited run: %d steps on a reservation of %s\n", base.Steps, bytesStr(base.Limit))
-		baseRep, err = Train(b.dev, b.kernels, base)
+		baseRep, err = Train(b.Dev, b.Kernels, base)
 		if err != nil {
 			return fmt.Errorf("unlimited run: %w", err)
 		}
-		if baseRep.Stats.SwapsOut == 0 || (b.free > 0 && base.Limit >= b.free*9/10) {
+		if baseRep.Stats.SwapsOut == 0 || (b.Free > 0 && base.Limit >= b.Free*9/10) {
 			break
 		}
 		base.Limit *= 2
@@ -337,13 +267,13 @@ func run(args []string, out, stderr io.Writer) error {
 	}
 	var raw *rawRates
 	if o.timing {
-		if raw, err = rawLink(b.dev, rawCopyBytes(limit), 4); err != nil {
+		if raw, err = rawLink(b.Dev, rawCopyBytes(limit), 4); err != nil {
 			return fmt.Errorf("raw copy rate: %w", err)
 		}
 	}
 	fmt.Fprintf(out, "limited run: %d steps, limit %s (%.0f%% of the unlimited peak); the unlimited peak less persistent bytes is %.2fx the limit\n",
 		cfg.Steps, bytesStr(limit), 100*float64(limit)/float64(peak), float64(peak-m.PersistentBytes())/float64(limit))
-	rep, err := Train(b.dev, b.kernels, cfg)
+	rep, err := Train(b.Dev, b.Kernels, cfg)
 	if err != nil {
 		return fmt.Errorf("limited run: %w", err)
 	}

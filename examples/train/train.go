@@ -7,6 +7,7 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/examples/internal/backend"
 	"github.com/chameleon-go/chameleon/examples/train/compute"
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/plan"
@@ -46,7 +47,7 @@ type Config struct {
 	Link float64
 	// StepMS, when positive, is the step time of the same model with no
 	// limit: the planner's op times are fitted to it instead of to the
-	// profiled step (see fittedEstimator).
+	// profiled step (see backend.EngineOptions).
 	StepMS float64
 	// Estimator prices ops before fitting (nil: layer.Default, the H200
 	// cost model).
@@ -109,26 +110,6 @@ func (r *Report) Losses() []float32 {
 	return out
 }
 
-// fittedEstimator fits the op times to the step time measured without a
-// limit. The profiled step the Engine plans from already runs under the
-// limit, so its time includes the stalls of forced swaps; fitting to it
-// would count those stalls as compute and the simulator would predict them
-// twice. Fitted to the unlimited time, the simulator predicts what a
-// policy adds to a step that does not swap.
-type fittedEstimator struct {
-	base   layer.Estimator
-	stepMS float64
-}
-
-func (e fittedEstimator) Estimate(it *trace.Iteration) []float64 {
-	if e.stepMS <= 0 {
-		return e.base.Estimate(it)
-	}
-	c := *it
-	c.TimeMS = e.stepMS
-	return e.base.Estimate(&c)
-}
-
 // Kernels makes the kernel set for the Engine's compute stream.
 type Kernels func(compute device.Stream) (compute.Kernels, error)
 
@@ -138,18 +119,7 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 	if cfg.Steps < 1 {
 		return nil, fmt.Errorf("steps %d: want at least 1", cfg.Steps)
 	}
-	est := cfg.Estimator
-	if est == nil {
-		est = layer.Default()
-	}
-	opts := []chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit),
-		chameleon.WithEstimator(fittedEstimator{base: est, stepMS: cfg.StepMS})}
-	if cfg.MinSwap > 0 {
-		opts = append(opts, chameleon.WithMinSwapBytes(cfg.MinSwap))
-	}
-	if cfg.Link > 0 {
-		opts = append(opts, chameleon.WithLinkBandwidth(cfg.Link))
-	}
+	opts := backend.EngineOptions(cfg.Limit, cfg.Estimator, cfg.StepMS, cfg.MinSwap, cfg.Link)
 	eng, err := chameleon.New(dev, append(opts, cfg.Options...)...)
 	if err != nil {
 		return nil, err
