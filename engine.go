@@ -200,12 +200,15 @@ type Engine struct {
 	serial  uint64
 	liveB   int64 // bytes of unreleased tensors, resident or not
 	policy  *policy
-	cache   *policyCache
-	life    lifecycle
-	closed  bool
-	it      Iteration
-	stats   Stats
-	onClose []func() error
+	// placedFor is the policy the allocator's placement follows (nil:
+	// none), so that a new policy starts a new recording.
+	placedFor *policy
+	cache     *policyCache
+	life      lifecycle
+	closed    bool
+	it        Iteration
+	stats     Stats
+	onClose   []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
 	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
@@ -264,6 +267,10 @@ type Stats struct {
 	Maps, Unmaps, HostWaits int64
 	// MappedPages counts the pages those maps mapped (device.Stats).
 	MappedPages int64
+	// Placed and Missed count the device blocks of STABLE iterations
+	// served at the address planned for them (WithPlacement) and, with a
+	// plan, elsewhere; Placements the plans the allocator made.
+	Placed, Missed, Placements int64
 	// DriftReplans counts the times a logical layer's sampled time drifted
 	// from its policy's (WithDriftThreshold) and the Engine planned again;
 	// MeasuredPlans the policies planned on measured layer times;
@@ -398,6 +405,7 @@ func (e *Engine) Stats() Stats {
 	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated
 	s.Maps, s.Unmaps, s.HostWaits = a.Maps, a.Unmaps, a.HostWaits
 	s.MappedPages = a.MappedPages
+	s.Placed, s.Missed, s.Placements = a.Placed, a.Missed, a.Placements
 	hs := e.pool.Stats()
 	s.HostBytes, s.PeakHostBytes = hs.Allocated, hs.PeakAllocated
 	return s

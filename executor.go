@@ -93,7 +93,12 @@ func (e *Engine) victims(want int64) []*Tensor {
 
 // swapOut copies t to pinned host memory on the d2h stream after the
 // compute stream's work so far, and frees its device memory behind the copy.
-func (e *Engine) swapOut(t *Tensor) error {
+func (e *Engine) swapOut(t *Tensor) error { return e.swapOutFrom(t, -1) }
+
+// swapOutFrom is swapOut for a planned swap whose memory the plan frees
+// from op from (simulate.Swap.Free; negative: when the copy is done): the
+// allocator's placement reuses it from then.
+func (e *Engine) swapOutFrom(t *Tensor, from int) error {
 	if t.state == swapped || t.state == dropped {
 		return nil
 	}
@@ -128,7 +133,13 @@ func (e *Engine) swapOut(t *Tensor) error {
 	if err := e.dev.Record(done, e.d2h); err != nil {
 		return faulted("copy out", t, err, func() error { return e.dev.SyncStream(e.d2h) }, func() error { return e.pool.Put(buf) })
 	}
-	if err := e.alloc.FreeAfter(t.ptr, done, e.d2h); err != nil {
+	free := e.alloc.FreeAfter
+	if from >= 0 {
+		free = func(p device.DevPtr, ev device.Event, s device.Stream) error {
+			return e.alloc.FreeAfterFrom(p, ev, s, from)
+		}
+	}
+	if err := free(t.ptr, done, e.d2h); err != nil {
 		return faulted("copy out", t, err, func() error { return e.pool.PutAfter(buf, done, e.d2h) })
 	}
 	t.host, t.outDone, t.state, t.ptr = buf, done, swapped, 0

@@ -70,6 +70,12 @@ func (e *Engine) Begin() *Iteration {
 		e.policy.reset()
 		it.err = e.trimKept()
 	}
+	if !e.cfg.noPlace {
+		// A policy in STABLE repeats its requests; anything else may not.
+		same := e.policy != nil && e.policy == e.placedFor && e.det.Next() == seq.Stable
+		e.alloc.Repeat(same)
+		e.placedFor = e.policy
+	}
 	e.tm.begin(it.detail != nil)
 	return it
 }
@@ -89,6 +95,9 @@ func (it *Iteration) Before(op *Op) error {
 	}
 	e.inOp = false
 	e.serial++
+	if !e.cfg.noPlace {
+		e.alloc.Tick(it.op)
+	}
 	for _, t := range op.In {
 		t.pin = e.serial
 	}
@@ -227,7 +236,7 @@ func (it *Iteration) After(op *Op) error {
 		p.capture(it.op, op)
 		for _, k := range p.outAt[it.op] {
 			if t := p.live[k]; t != nil && !t.released && t.state != swapped {
-				if err := e.swapOut(t); err != nil {
+				if err := e.swapOutFrom(t, p.swaps[k].Free); err != nil {
 					return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 				}
 				it.swapsOut++

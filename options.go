@@ -40,6 +40,7 @@ type PlannerFunc = plan.PlannerFunc
 
 type config struct {
 	limit       int64
+	noPlace     bool
 	detect      seq.Config
 	detector    Detector
 	match       match.Config
@@ -158,6 +159,19 @@ func (c *config) validate() error {
 func WithMemoryLimit(bytes int64) Option {
 	return optionFunc(func(c *config) { c.limit = bytes })
 }
+
+// WithPlacement turns planned placement on or off (default on). While a
+// policy runs in STABLE, every iteration asks the device allocator for the
+// same blocks in the same order; from the second such iteration on the
+// allocator serves each at an address it packed from the one before (see
+// device.Allocator.Repeat), instead of best fit online. Best fit scatters
+// a step's blocks, so that its largest find no run of free memory: on
+// mapped pages the allocator then moves pages for them every step, tens
+// of microseconds of driver calls a page on CUDA, and on segments of
+// memory it evicts. Placement changes where blocks go, not what they hold.
+// Stats.Placed and Stats.Missed count the blocks served at their place
+// and elsewhere.
+func WithPlacement(on bool) Option { return optionFunc(func(c *config) { c.noPlace = !on }) }
 
 // WithDetection sets the change-detection thresholds and stage counts.
 // Zero fields keep their defaults (seq.DefaultConfig: cosine 0.95, length

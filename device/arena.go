@@ -28,6 +28,10 @@ type arena struct {
 	// frees counts frees: a block's freed stamp orders the blocks by when
 	// their memory was given back.
 	frees uint64
+	// byAddr lists the free blocks by address while planned placement is
+	// on (indexed), to find the free block holding a planned address.
+	byAddr  []*block
+	indexed bool
 	// onRef counts references to pool-owned events, so that an event is
 	// recorded again only once no free block refers to it.
 	onRef func(idx int32, delta int)
@@ -53,6 +57,10 @@ type block struct {
 	// freed is the arena's free count when the newest memory in the block
 	// was given back (coalescing keeps the newest).
 	freed uint64
+	// rec is 1 + the block's request number in repetition rep of a
+	// recurring sequence (see Allocator.Repeat), 0 when not recorded.
+	rec int32
+	rep uint32
 	// pending lists events whose captured work may still use the block's
 	// memory; the next user must make its stream wait for them.
 	pending []pend
@@ -123,6 +131,10 @@ func freeCmp(x *block, size int64, addr uintptr) int {
 func (a *arena) insertFree(b *block) {
 	i, _ := slices.BinarySearchFunc(a.free, b, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
 	a.free = slices.Insert(a.free, i, b)
+	if a.indexed {
+		j, _ := slices.BinarySearchFunc(a.byAddr, b.addr, addrCmp)
+		a.byAddr = slices.Insert(a.byAddr, j, b)
+	}
 }
 
 func (a *arena) removeFree(b *block) {
@@ -131,6 +143,56 @@ func (a *arena) removeFree(b *block) {
 		panic("device: arena free list out of sync")
 	}
 	a.free = slices.Delete(a.free, i, i+1)
+	if a.indexed {
+		j, ok := slices.BinarySearchFunc(a.byAddr, b.addr, addrCmp)
+		if !ok {
+			panic("device: arena address index out of sync")
+		}
+		a.byAddr = slices.Delete(a.byAddr, j, j+1)
+	}
+}
+
+// dropFreeAt takes a.free[i] off the free lists.
+func (a *arena) dropFreeAt(i int) {
+	b := a.free[i]
+	a.free = slices.Delete(a.free, i, i+1)
+	if a.indexed {
+		j, ok := slices.BinarySearchFunc(a.byAddr, b.addr, addrCmp)
+		if !ok {
+			panic("device: arena address index out of sync")
+		}
+		a.byAddr = slices.Delete(a.byAddr, j, j+1)
+	}
+}
+
+func addrCmp(x *block, addr uintptr) int { return cmp.Compare(x.addr, addr) }
+
+// index starts keeping the free blocks by address.
+func (a *arena) index() {
+	if a.indexed {
+		return
+	}
+	a.indexed = true
+	a.byAddr = append(a.byAddr[:0], a.free...)
+	slices.SortFunc(a.byAddr, func(x, y *block) int { return cmp.Compare(x.addr, y.addr) })
+}
+
+// freeHolding is the index in a.free of the free block that holds
+// [addr, addr+size), -1 when no free block does.
+func (a *arena) freeHolding(addr uintptr, size int64) int {
+	j, ok := slices.BinarySearchFunc(a.byAddr, addr, addrCmp)
+	if !ok {
+		j--
+	}
+	if j < 0 {
+		return -1
+	}
+	b := a.byAddr[j]
+	if b.addr+uintptr(b.size) < addr+uintptr(size) {
+		return -1
+	}
+	i, _ := slices.BinarySearchFunc(a.free, b, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
+	return i
 }
 
 // preferCandidates bounds how many free blocks take asks, beyond the best
@@ -196,11 +258,11 @@ func (a *arena) firstFit(size int64) int {
 // the second in the free list. Both keep the block's pending events.
 func (a *arena) splitFree(i int, off int64) int {
 	b := a.free[i]
-	a.free = slices.Delete(a.free, i, i+1)
+	a.dropFreeAt(i)
 	r := a.cut(b, off)
 	a.insertFree(b)
+	a.insertFree(r)
 	j, _ := slices.BinarySearchFunc(a.free, r, func(x, t *block) int { return freeCmp(x, t.size, t.addr) })
-	a.free = slices.Insert(a.free, j, r)
 	return j
 }
 
@@ -225,7 +287,7 @@ func (a *arena) cut(b *block, at int64) *block {
 // takeAt hands out size bytes at the start of the free block a.free[i].
 func (a *arena) takeAt(i int, size int64) *block {
 	b := a.free[i]
-	a.free = slices.Delete(a.free, i, i+1)
+	a.dropFreeAt(i)
 	if rest := b.size - size; rest >= a.align {
 		a.insertFree(a.cut(b, size))
 	}
@@ -411,4 +473,9 @@ type Stats struct {
 	// unmapped (the budget mapped up front is not counted): each costs
 	// driver time, tens of microseconds on CUDA.
 	MappedPages, UnmappedPages int64
+
+	// Placed counts the requests of repeated sequences served at their
+	// planned address, Missed those with a plan served elsewhere, and
+	// Placements the plans made (see Allocator.Repeat).
+	Placed, Missed, Placements int64
 }

@@ -77,6 +77,9 @@ type pageMap struct {
 	// block uses is mapped; one no block uses may be (cached) or not.
 	users  []int32
 	mapped []bool
+	// planned marks the pages a placement plan uses (nil: no plan): the
+	// pages to keep mapped.
+	planned []bool
 	// prefix[i] is the number of mapped pages among the first i, so that a
 	// range's unmapped pages cost two loads on the allocation path.
 	prefix []int32
@@ -205,6 +208,44 @@ func (a *arena) mappedWindow(seg *segment, b *block, size int64) (int64, bool) {
 	return 0, false
 }
 
+// offPlanCandidates bounds the free blocks pickOffPlan looks at.
+const offPlanCandidates = 64
+
+// pickOffPlan finds, among the best-fitting free blocks, room for size
+// bytes on pages that are mapped and that no placement plan uses: the free
+// block's index and the offset in it, or -1.
+func (a *arena) pickOffPlan(size int64) (int, int64) {
+	i := a.firstFit(size)
+	for j := i; j < len(a.free) && j < i+offPlanCandidates; j++ {
+		b := a.free[j]
+		seg := &a.segs[b.seg]
+		pm := seg.pages
+		if pm == nil || pm.planned == nil {
+			continue
+		}
+		lo, hi := pm.span(seg, b.addr, b.size)
+		if pm.unmapped(lo, hi) == hi-lo {
+			continue
+		}
+		page := int64(1) << pm.shift
+		// Starts to try: the block's own, then each page boundary in it.
+		for start := int64(b.addr - seg.addr); start+size <= int64(b.addr-seg.addr)+b.size; {
+			plo, phi := int(start>>pm.shift), int((start+size-1)>>pm.shift)+1
+			bad := -1
+			for k := plo; k < phi; k++ {
+				if !pm.mapped[k] || pm.planned[k] {
+					bad = k
+				}
+			}
+			if bad < 0 {
+				return j, start - int64(b.addr-seg.addr)
+			}
+			start = int64(bad+1) * page
+		}
+	}
+	return -1, 0
+}
+
 // minExtra is the fewest pages a request of size bytes adds to the pages in
 // use, over every free range it fits in; a request that fits in none takes
 // fresh address space.
@@ -315,6 +356,16 @@ func (a *Allocator) releaseMapped() error {
 // mapped (mapping them, and unmapping cached pages to make room, if need
 // be). Called with p.mu held.
 func (p *pool) takeMapped(need int64, ready func(*block) bool) (*block, error) {
+	if p.pl.placing {
+		// A block with no place of its own stays off the pages planned
+		// blocks use, where it would push one of them out of its place.
+		if i, off := p.a.pickOffPlan(need); i >= 0 {
+			if off > 0 {
+				i = p.a.splitFree(i, off)
+			}
+			return p.a.takeAt(i, need), nil
+		}
+	}
 	i, off := p.a.pickMapped(need, ready)
 	if i < 0 && p.a.firstFit(need) == len(p.a.free) {
 		// No free range of address space fits: reserve more.
@@ -400,7 +451,9 @@ func (p *pool) reclaim(n int64) error {
 // whose events have completed go first; then the host waits for the events
 // of others. take leaves the run unmapped in the page map.
 func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) error {
-	for pass := 0; pass < 2 && n > 0; pass++ {
+	// Pass 0 takes the pages no placement plan uses; passes 1 and 2 any,
+	// pass 2 waiting for events.
+	for pass := 0; pass < 3 && n > 0; pass++ {
 		for si := range p.a.segs {
 			seg := &p.a.segs[si]
 			pm := seg.pages
@@ -413,7 +466,7 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) e
 					continue
 				}
 				if len(f.pending) > 0 {
-					ok, err := p.settle(f, pass == 1)
+					ok, err := p.settle(f, pass == 2)
 					if err != nil {
 						return err
 					}
@@ -422,12 +475,13 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) e
 					}
 				}
 				for i := lo; i < hi && n > 0; {
-					if pm.users[i] != 0 || !pm.mapped[i] {
+					keep := func(k int) bool { return pass == 0 && pm.planned != nil && pm.planned[k] }
+					if pm.users[i] != 0 || !pm.mapped[i] || keep(i) {
 						i++
 						continue
 					}
 					j := i
-					for j < hi && int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] {
+					for j < hi && int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] && !keep(j) {
 						j++
 					}
 					if err := take(seg, i, j); err != nil {

@@ -84,6 +84,8 @@ type pool struct {
 	events []ownedEvent
 	idle   []int32
 	seq    uint64
+	// pl plans the placement of recurring requests (Allocator.Repeat).
+	pl placer
 	// onWait, when set, is told before and after the waits one allocation
 	// queues on its stream (OnStreamWait).
 	onWait func(s Stream, after bool)
@@ -186,6 +188,7 @@ func (p *pool) putOn(addr uintptr, s Stream) error {
 	if err != nil {
 		return fmt.Errorf("%s: free %#x on stream %#x: %w", what, addr, uintptr(s), err)
 	}
+	p.pl.freed(p.a.used[addr], -1)
 	p.a.give(addr, e, true)
 	return nil
 }
@@ -216,12 +219,28 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 	need := p.a.roundUp(size)
 	ready := func(b *block) bool { return p.readyFor(b, s) }
 	var b *block
-	if p.mapper != nil {
+	if addr, alt := p.pl.spot(need); addr != 0 {
+		var err error
+		if b, err = p.takePlanned(addr, need); err == nil && b == nil && alt != 0 {
+			b, err = p.takePlanned(alt, need)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: alloc %d bytes at its planned place: %w", what, size, err)
+		}
+		if b != nil {
+			p.pl.placed++
+		} else {
+			p.pl.missed++
+		}
+	}
+	switch {
+	case b != nil:
+	case p.mapper != nil:
 		var err error
 		if b, err = p.takeMapped(need, ready); err != nil {
 			return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, err)
 		}
-	} else {
+	default:
 		b = p.a.take(need, ready)
 	}
 	if b == nil && p.cfg.growth > 0 && p.mapper == nil {
@@ -255,6 +274,7 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		p.onWait(s, true)
 	}
 	p.a.release(b)
+	p.pl.record(b)
 	return b, nil
 }
 
@@ -276,9 +296,18 @@ func (p *pool) readyFor(b *block, s Stream) bool {
 
 // put frees the block at addr, guarded by ev when hasEv.
 func (p *pool) put(addr uintptr, ev Event, s Stream, hasEv bool) error {
+	return p.putFrom(addr, ev, s, hasEv, -1)
+}
+
+// putFrom is put for memory whose reuse the caller's schedule puts at step
+// reuse (-1: at once), for planned placement.
+func (p *pool) putFrom(addr uintptr, ev Event, s Stream, hasEv bool, reuse int32) error {
 	what := p.what
 	if p.closed {
 		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
+	}
+	if b, ok := p.a.used[addr]; ok {
+		p.pl.freed(b, reuse)
 	}
 	b, ok := p.a.give(addr, pend{ev: ev, s: s, owned: -1}, hasEv)
 	if !ok {
@@ -295,6 +324,7 @@ func (p *pool) stats() Stats {
 	defer p.mu.Unlock()
 	s := p.a.stats()
 	s.BackendAllocs = p.backendAllocs
+	s.Placed, s.Missed, s.Placements = p.pl.totPlaced+int64(p.pl.placed), p.pl.totMissed+int64(p.pl.missed), p.pl.plans
 	if p.mapper != nil {
 		// The memory is the page budget, not the address space.
 		s.PageSize = p.page

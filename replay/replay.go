@@ -142,6 +142,11 @@ type IterationReport struct {
 	Maps      int64 `json:"maps"`
 	// MappedPages is the pages those maps mapped.
 	MappedPages int64 `json:"mapped_pages"`
+	// Placed and Missed are the device blocks served at the address the
+	// allocator planned for them and, with a plan, elsewhere
+	// (chameleon.WithPlacement).
+	Placed int64 `json:"placed"`
+	Missed int64 `json:"missed"`
 	// With Timing.Timeline, the step on the device's clock: the time it ran
 	// the op kernels (DeviceBusyMS), the time it stood idle because the
 	// host had not queued the next kernel yet (HostStallMS) and idle with
@@ -449,6 +454,7 @@ type runner struct {
 	round     int // the round being replayed
 	// the Engine's allocator counters at the end of the last iteration
 	hostWaits, maps, pages int64
+	placed, missed         int64
 	// stableTimeline: Report.Timeline is of a STABLE iteration.
 	stableTimeline bool
 	// A timed replay (Config.Timing): the op times of each trace iteration
@@ -616,6 +622,8 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 	st := e.Stats()
 	ir.HostWaits, ir.Maps, ir.MappedPages = st.HostWaits-r.hostWaits, st.Maps-r.maps, st.MappedPages-r.pages
 	r.hostWaits, r.maps, r.pages = st.HostWaits, st.Maps, st.MappedPages
+	ir.Placed, ir.Missed = st.Placed-r.placed, st.Missed-r.missed
+	r.placed, r.missed = st.Placed, st.Missed
 	r.rep.PerIteration = append(r.rep.PerIteration, ir)
 	r.rep.Stages = append(r.rep.Stages, res.Stage.String())
 	if res.PlanError != nil {

@@ -39,6 +39,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
 	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
 	pageSize := fs.String("page-size", "", "--device cuda: bytes of each mapped page, a power of two of at least the driver's 2 MiB (16MiB: fewer, cheaper driver calls to move memory, more waste in partly used pages); default the driver's granularity")
+	placement := fs.Bool("placement", true, "in STABLE, serve each device block at the address planned from the iteration before (chameleon.WithPlacement); false: best fit online")
 	mapping := fs.Bool("mapping", true, "--device cuda: page-mapped allocation (the driver's virtual memory management) where the driver has it; false reserves one plain segment")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replay to `file` (go tool pprof): where the host's time per op goes")
 	timeline := fs.String("timeline", "", "with --timing: stamp every op kernel on the device's clock, report where the device stood idle and why (host_stall_ms, device_stall_ms), and write one STABLE iteration's timeline to `file` (Chrome trace JSON, opens in Perfetto)")
@@ -101,7 +102,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	var dev device.Device
 	peakOf := func() int64 { return -1 }
-	opts := []chameleon.Option{chameleon.WithDetection(*cfg)}
+	opts := []chameleon.Option{chameleon.WithDetection(*cfg), chameleon.WithPlacement(*placement)}
 	var tm *replay.Timing
 	if *timing {
 		tm = &replay.Timing{}
@@ -225,7 +226,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
 		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d, outgrown %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, rep.Outgrown, strings.Join(rep.Stages, " "))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		head := "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tsimulated ms\t"
+		head := "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tpages mapped\tplaced\tmissed\tsimulated ms\t"
 		if rep.Timing {
 			head += "measured ms\tissued ms\thost waits\tunlimited ms\tkernels ms\top times\t"
 		}
@@ -234,8 +235,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(tw, head)
 		for _, x := range rep.PerIteration {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t", x.Round, x.Iter, x.Stage, x.PlannedSwaps, x.PlannedRecomputes,
-				x.OnDemandSwapIns, x.Evictions, x.DeferredPrefetches, x.SwappedBytes, x.SimulatedMS)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t", x.Round, x.Iter, x.Stage, x.PlannedSwaps, x.PlannedRecomputes,
+				x.OnDemandSwapIns, x.Evictions, x.DeferredPrefetches, x.SwappedBytes, x.MappedPages, x.Placed, x.Missed, x.SimulatedMS)
 			if rep.Timing {
 				fmt.Fprintf(tw, "%.2f\t%.2f\t%d\t%.2f\t%.2f\t%s\t", x.MeasuredMS, x.IssuedMS, x.HostWaits, x.UnlimitedMS, x.KernelMS, x.OpTimes)
 			}

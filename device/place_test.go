@@ -1,0 +1,181 @@
+package device_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/device"
+)
+
+// stepEvent is one request (size > 0) or free (size 0) of block id, in
+// step tick of the repetition.
+type stepEvent struct {
+	id, tick int
+	size     int64
+}
+
+// trainingStep is a step's requests in the shape of a training step:
+// activations saved through the forward pass beside short-lived
+// temporaries, a few large blocks at the peak (a loss over a vocabulary),
+// then the backward pass freeing the activations, some out of order.
+func trainingStep(r *rand.Rand, page, limit int64) []stepEvent {
+	var ev []stepEvent
+	id := 0
+	alloc := func(size int64) int {
+		id++
+		ev = append(ev, stepEvent{id: id, tick: len(ev), size: size})
+		return id
+	}
+	free := func(i int) { ev = append(ev, stepEvent{id: i, tick: len(ev)}) }
+	odd := func(pages int64) int64 { return page*pages - 512*r.Int64N(2*pages) }
+	var acts []int
+	tmp := 0
+	for range 24 {
+		acts = append(acts, alloc(odd(4+r.Int64N(8))))
+		if tmp > 0 {
+			// freed after the next activation: a hole between two
+			free(tmp)
+		}
+		tmp = alloc(odd(1 + r.Int64N(3)))
+		if len(acts) > 3 && r.IntN(3) == 0 {
+			// an activation the backward pass does not need
+			k := r.IntN(len(acts) - 1)
+			free(acts[k])
+			acts = append(acts[:k], acts[k+1:]...)
+		}
+	}
+	free(tmp)
+	big1, big2 := alloc(limit/5), alloc(limit/5)
+	free(big1)
+	big3 := alloc(limit / 9)
+	free(big2)
+	free(big3)
+	for i := len(acts) - 1; i >= 0; i-- {
+		g := alloc(odd(1 + r.Int64N(4)))
+		free(acts[i])
+		free(g)
+	}
+	return ev
+}
+
+// runSteps runs step reps times on a mapped allocator, calling Repeat(true)
+// before each when placing and Tick before each event, with every block
+// filled at its request and checked at its free. change, when set, may
+// alter a repetition's events. It returns the stats after each repetition.
+func runSteps(t *testing.T, step []stepEvent, page, limit int64, reps int, placing bool, change func(rep int, ev []stepEvent) []stepEvent) []device.Stats {
+	t.Helper()
+	d, a := newMapped(t, limit, page)
+	// Weights: in use through every step.
+	for range 6 {
+		_, err := a.Alloc(limit/40, 0)
+		require.NoError(t, err)
+	}
+	var out []device.Stats
+	type live struct {
+		p    device.DevPtr
+		fill []byte
+	}
+	for rep := range reps {
+		if placing {
+			a.Repeat(true)
+		}
+		blocks := map[int]live{}
+		ev := step
+		if change != nil {
+			ev = change(rep, step)
+		}
+		for n, e := range ev {
+			a.Tick(e.tick)
+			if e.size > 0 {
+				p, err := a.Alloc(e.size, 0)
+				require.NoError(t, err, "rep %d, event %d", rep, n)
+				fill := make([]byte, e.size)
+				for i := range fill {
+					fill[i] = byte(e.id*7 + i + rep)
+				}
+				require.NoError(t, d.WriteDevice(p, fill))
+				blocks[e.id] = live{p, fill}
+				continue
+			}
+			b := blocks[e.id]
+			got := make([]byte, len(b.fill))
+			require.NoError(t, d.ReadDevice(got, b.p))
+			require.Equal(t, b.fill, got, "rep %d: block %d lost its bytes", rep, e.id)
+			require.NoError(t, a.Free(b.p))
+			delete(blocks, e.id)
+		}
+		out = append(out, a.Stats())
+		assert.LessOrEqual(t, d.PeakAllocated(), limit)
+	}
+	return out
+}
+
+// TestRepeatPlacesRecurringBlocks: a step of a fixed sequence, placed from
+// a recording of itself, lands every block where planned from the second
+// repetition on, keeps every byte, and moves no page once placed.
+func TestRepeatPlacesRecurringBlocks(t *testing.T) {
+	const page, limit = 4 << 10, 512 * 4 << 10
+	step := trainingStep(rand.New(rand.NewPCG(3, 5)), page, limit)
+	requests := int64(0)
+	for _, e := range step {
+		if e.size > 0 {
+			requests++
+		}
+	}
+	const reps = 8
+	online := runSteps(t, step, page, limit, reps, false, nil)
+	planned := runSteps(t, step, page, limit, reps, true, nil)
+	moved := func(st []device.Stats, i int) int64 { return st[i].MappedPages - st[i-1].MappedPages }
+	for i := 1; i < reps; i++ {
+		t.Logf("rep %d: pages moved %d online, %d placed (placed %d, missed %d)", i, moved(online, i), moved(planned, i),
+			planned[i].Placed-planned[i-1].Placed, planned[i].Missed-planned[i-1].Missed)
+	}
+	assert.Equal(t, int64(1), planned[reps-1].Placements, "one plan serves every repetition")
+	for i := 2; i < reps; i++ {
+		assert.Equal(t, requests, planned[i].Placed-planned[i-1].Placed, "rep %d: every request at its place", i)
+		assert.Zero(t, planned[i].Missed-planned[i-1].Missed, "rep %d", i)
+	}
+	assert.Zero(t, moved(planned, reps-1), "no page moves once placed")
+}
+
+// TestRepeatKeepsPlacesWhenAStepChanges: one repetition asks for an extra
+// block in the middle of the step; the requests of the other steps keep
+// their places (they are known by step, not by count), the extra one goes
+// where no planned block is, and the plan stays.
+func TestRepeatKeepsPlacesWhenAStepChanges(t *testing.T) {
+	const page, limit = 4 << 10, 512 * 4 << 10
+	step := trainingStep(rand.New(rand.NewPCG(3, 5)), page, limit)
+	requests := int64(0)
+	for _, e := range step {
+		if e.size > 0 {
+			requests++
+		}
+	}
+	const reps, odd = 6, 4
+	mid := len(step) / 2
+	change := func(rep int, ev []stepEvent) []stepEvent {
+		if rep != odd {
+			return ev
+		}
+		// A block more, asked for in the step of event mid, freed at the
+		// end.
+		out := append([]stepEvent{}, ev[:mid]...)
+		out = append(out, stepEvent{id: 1 << 20, tick: ev[mid].tick, size: 3000})
+		out = append(out, ev[mid:]...)
+		return append(out, stepEvent{id: 1 << 20, tick: ev[len(ev)-1].tick})
+	}
+	st := runSteps(t, step, page, limit, reps, true, change)
+	delta := func(i int) (placed, missed int64) {
+		return st[i].Placed - st[i-1].Placed, st[i].Missed - st[i-1].Missed
+	}
+	placed, missed := delta(odd)
+	t.Logf("changed repetition: placed %d, missed %d of %d", placed, missed, requests)
+	assert.GreaterOrEqual(t, placed, requests-2, "the steps after the change keep their places")
+	placed, missed = delta(reps - 1)
+	assert.Equal(t, requests, placed)
+	assert.Zero(t, missed)
+	assert.Equal(t, int64(1), st[reps-1].Placements, "a few misses do not plan again")
+}

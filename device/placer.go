@@ -1,0 +1,373 @@
+package device
+
+// placer records the repetitions of a recurring request sequence and plans
+// where their blocks go (see place.go). Called with the pool's lock held.
+type placer struct {
+	on  bool
+	rep uint32
+	// clock counts the requests and frees of this repetition; opAt[i] is
+	// the clock when step i began (Tick).
+	clock int32
+	opAt  []int32
+	recs  []placeRec
+	// A request's key is its step (1 + the Tick, 0 before the first) and
+	// its number among the step's requests: a request more or less in one
+	// step leaves the others' places alone. prevKeys are the last
+	// repetition's, by request number.
+	step, inStep int32
+	prevKeys     []uint64
+	// carried are the frees, in this repetition, of blocks the last one
+	// asked for and left in use, by their request number there.
+	carried []carriedFree
+	// plan is, per request number, where the block goes (addr 0: served
+	// as usual); placing says the repetition follows it.
+	plan    []placeSpot
+	planKey map[uint64]int32
+	placing bool
+	replans int
+	gaveUp  bool
+	// This repetition's requests served at their planned address, and
+	// those with a plan served elsewhere.
+	placed, missed int
+	// Totals for Stats.
+	totPlaced, totMissed, plans int64
+}
+
+type placeRec struct {
+	size       int64
+	addr       uintptr
+	key        uint64
+	start, end int32
+	// reuse is the step from which the caller's schedule lets the memory
+	// be reused (FreeAfterFrom), -1 when from its free.
+	reuse int32
+	freed bool
+}
+
+type carriedFree struct {
+	key  uint64
+	size int64
+	at   int32
+}
+
+// placeSpot is where a request goes: addr, or for a block that outlives
+// the next request for it, addr and alt in turn.
+type placeSpot struct {
+	addr, alt uintptr
+	size      int64
+}
+
+// maxReplans bounds how often one run of repetitions is planned again
+// because its blocks missed their places.
+const maxReplans = 2
+
+// missedShare: a repetition is planned again when more than one in
+// missedShare of its requests missed their places. A few misses stay where
+// they go (off the planned pages, see pickOffPlan), while every new plan
+// moves pages once.
+const missedShare = 50
+
+// giveUpShare: placement stops, until the sequence changes, after a
+// repetition in which more than one in giveUpShare of the requests with a
+// place missed it.
+const giveUpShare = 10
+
+// unplan forgets which pages a plan uses.
+func (p *pool) unplan() {
+	for si := range p.a.segs {
+		if pm := p.a.segs[si].pages; pm != nil {
+			pm.planned = nil
+		}
+	}
+}
+
+// Repeat marks the start of a repetition of a recurring sequence of
+// requests: one training step of a sequence that stays the same, for
+// example. With same false the sequence is new (or may have changed): the
+// allocator forgets what it planned and records this repetition. With same
+// true the repetition is expected to ask for the blocks the last one asked
+// for, in the same order and sizes, and to free them at the same points:
+// from the second such repetition on, each block is served at the address
+// the allocator planned for it from the one before, where that range is
+// free (Stats.Placed), and as usual otherwise (Stats.Missed). A
+// repetition whose blocks missed their places is planned again, at most
+// twice in a row, when more than one in fifty of its requests missed; one
+// where more than one in ten of the requests with a place missed it ends
+// placement until Repeat(false): the sequence does not recur closely
+// enough.
+//
+// Placement changes where blocks go, never what a block holds or which
+// waits guard it: a planned block is served like any other, behind the
+// events of the memory it reuses. Tick and FreeAfterFrom tell the
+// allocator when memory freed behind work on another stream is, by the
+// caller's schedule, done with; without them such memory counts as reused
+// from its free on, and a block planned onto it makes its stream wait.
+func (a *Allocator) Repeat(same bool) {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	p := &a.p
+	if p.closed {
+		return
+	}
+	pl := &p.pl
+	if !pl.on {
+		pl.on = true
+		p.a.index()
+	}
+	switch {
+	case !same:
+		pl.plan, pl.planKey, pl.placing, pl.replans, pl.gaveUp = pl.plan[:0], nil, false, 0, false
+		p.unplan()
+	case len(pl.recs) == 0 || pl.gaveUp:
+	case pl.placing && pl.missed*giveUpShare > pl.placed+pl.missed:
+		// The sequence does not recur closely enough (an MoE step routes
+		// other tokens each time): best fit serves it better.
+		pl.placing, pl.gaveUp = false, true
+		p.unplan()
+	case !pl.placing || (pl.missed*missedShare > len(pl.recs) && pl.replans < maxReplans):
+		if pl.placing {
+			pl.replans++
+		}
+		pl.placing = p.planPlacement()
+		if !pl.placing {
+			pl.gaveUp = true
+			p.unplan()
+		}
+	}
+	pl.totPlaced += int64(pl.placed)
+	pl.totMissed += int64(pl.missed)
+	pl.placed, pl.missed = 0, 0
+	pl.rep++
+	pl.clock, pl.step, pl.inStep = 0, 0, 0
+	pl.opAt = pl.opAt[:0]
+	pl.prevKeys = pl.prevKeys[:0]
+	for _, r := range pl.recs {
+		pl.prevKeys = append(pl.prevKeys, r.key)
+	}
+	pl.recs = pl.recs[:0]
+	pl.carried = pl.carried[:0]
+}
+
+// Tick tells the allocator that step i of the repetition begins: the
+// clock FreeAfterFrom's steps are counted in. Steps count up from 0.
+func (a *Allocator) Tick(i int) {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	pl := &a.p.pl
+	for pl.on && len(pl.opAt) <= i {
+		pl.opAt = append(pl.opAt, pl.clock)
+	}
+	if pl.on && int32(i)+1 > pl.step {
+		pl.step, pl.inStep = int32(i)+1, 0
+	}
+}
+
+// FreeAfterFrom is FreeAfter for memory the caller's schedule is done with
+// from step from (Tick) of the repetition on, later than its free: memory
+// freed behind a copy to the host that the plan expects to finish by then.
+// Planned placement lets later blocks reuse it only from then.
+func (a *Allocator) FreeAfterFrom(ptr DevPtr, ev Event, s Stream, from int) error {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	return a.p.putFrom(uintptr(ptr), ev, s, true, int32(from))
+}
+
+// record notes a block handed out.
+func (pl *placer) record(b *block) {
+	if !pl.on {
+		b.rec, b.rep = 0, 0
+		return
+	}
+	pl.recs = append(pl.recs, placeRec{size: b.size, addr: b.addr, key: pl.key(), start: pl.clock, reuse: -1})
+	b.rec, b.rep = int32(len(pl.recs)), pl.rep
+	pl.clock++
+	pl.inStep++
+}
+
+// freed notes the used block b given back, reusable from step reuse (-1:
+// now).
+func (pl *placer) freed(b *block, reuse int32) {
+	if !pl.on {
+		return
+	}
+	switch {
+	case b.rec > 0 && b.rep == pl.rep:
+		r := &pl.recs[b.rec-1]
+		r.end, r.freed, r.reuse = pl.clock, true, reuse
+	case b.rec > 0 && b.rep+1 == pl.rep:
+		if int(b.rec) <= len(pl.prevKeys) {
+			pl.carried = append(pl.carried, carriedFree{key: pl.prevKeys[b.rec-1], size: b.size, at: pl.clock})
+		}
+	}
+	pl.clock++
+}
+
+func (pl *placer) key() uint64 { return uint64(pl.step)<<32 | uint64(uint32(pl.inStep)) }
+
+// spot is where the next request of a placing repetition goes, if
+// anywhere, and where else it may go.
+func (pl *placer) spot(size int64) (uintptr, uintptr) {
+	if !pl.placing {
+		return 0, 0
+	}
+	k, ok := pl.planKey[pl.key()]
+	if !ok || pl.plan[k].addr == 0 || pl.plan[k].size != size {
+		return 0, 0
+	}
+	sp := pl.plan[k]
+	if sp.alt != 0 && pl.rep%2 == 1 {
+		return sp.alt, sp.addr
+	}
+	return sp.addr, sp.alt
+}
+
+// takePlanned serves need bytes at addr if that range is free and, on a
+// mapped allocator, its pages fit in the budget; nil otherwise.
+func (p *pool) takePlanned(addr uintptr, need int64) (*block, error) {
+	i := p.a.freeHolding(addr, need)
+	if i < 0 {
+		return nil, nil
+	}
+	b := p.a.free[i]
+	seg := &p.a.segs[b.seg]
+	if pm := seg.pages; pm != nil {
+		lo, hi := pm.span(seg, addr, need)
+		if p.a.usedPages+int64(pm.unused(lo, hi)) > p.a.budget {
+			return nil, nil
+		}
+	}
+	if off := int64(addr - b.addr); off > 0 {
+		i = p.a.splitFree(i, off)
+	}
+	b = p.a.takeAt(i, need)
+	if p.mapper != nil {
+		if err := p.back(b); err != nil {
+			p.a.give(b.addr, pend{}, false)
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// planPlacement plans the next repetitions from the one that just ended.
+// It reports false when the plan's blocks need more pages over the
+// repetition than the budget holds: placed, they would take pages a later
+// request needs, where best fit moves pages for it instead.
+func (p *pool) planPlacement() bool {
+	pl := &p.pl
+	end := pl.clock
+	at := func(step int32) int32 {
+		if int(step) < len(pl.opAt) {
+			return pl.opAt[step]
+		}
+		return end
+	}
+	// carried[k]: when this repetition freed the block the last one asked
+	// for as request k; what the next repetition's head of a block that
+	// lives across the end will look like.
+	head := make(map[uint64]carriedFree, len(pl.carried))
+	for _, c := range pl.carried {
+		head[c.key] = c
+	}
+	segs := make([]placed, len(p.a.segs))
+	for i, s := range p.a.segs {
+		segs[i] = placed{addr: s.addr, size: s.size}
+	}
+	whole := life{n: 1, iv: [2]span{{0, end}}}
+	var fixed []placed
+	// Blocks in use that this repetition did not ask for stay where they are.
+	for _, b := range p.a.used {
+		if b.rec == 0 || b.rep != pl.rep {
+			fixed = append(fixed, placed{addr: b.addr, size: b.size, life: whole})
+		}
+	}
+	if cap(pl.plan) < len(pl.recs) {
+		pl.plan = make([]placeSpot, len(pl.recs))
+	}
+	pl.plan = pl.plan[:len(pl.recs)]
+	pl.planKey = make(map[uint64]int32, len(pl.recs))
+	var items []placeItem
+	var idx []int
+	for k, r := range pl.recs {
+		pl.plan[k] = placeSpot{size: r.size}
+		pl.planKey[r.key] = int32(k)
+		if r.freed {
+			to := r.end + 1
+			if r.reuse >= 0 {
+				to = max(to, at(r.reuse))
+			}
+			items = append(items, placeItem{size: r.size, life: life{n: 1, iv: [2]span{{r.start, to}}}})
+			idx = append(idx, k)
+			continue
+		}
+		// In use at the end: it stays where it is. A block that the next
+		// repetition frees before asking for it again comes back there.
+		l := life{n: 2, iv: [2]span{{r.start, end}, {0, end}}}
+		if c, ok := head[r.key]; ok && c.size == r.size && c.at < r.start {
+			l.iv[1] = span{0, c.at + 1}
+			pl.plan[k].addr = r.addr
+		} else {
+			// It outlives the next repetition's request for it: two
+			// places of its own, taken in turn.
+			items = append(items, placeItem{size: r.size, life: whole}, placeItem{size: r.size, life: whole})
+			idx = append(idx, k, -1-k)
+		}
+		fixed = append(fixed, placed{addr: r.addr, size: r.size, life: l})
+	}
+	var page int64
+	if p.mapper != nil {
+		page = p.page
+	}
+	addrs := packBlocks(segs, fixed, items, page)
+	for i, k := range idx {
+		if k < 0 {
+			pl.plan[-1-k].alt = addrs[i]
+		} else {
+			pl.plan[k].addr = addrs[i]
+		}
+	}
+	if page > 0 {
+		// The pages the plan uses: reclaiming moves others first.
+		for si := range p.a.segs {
+			pm := p.a.segs[si].pages
+			if pm.planned == nil {
+				pm.planned = make([]bool, len(pm.mapped))
+			}
+			clear(pm.planned)
+		}
+		mark := func(addr uintptr, size int64) {
+			for si := range p.a.segs {
+				seg := &p.a.segs[si]
+				if addr >= seg.addr && addr < seg.addr+uintptr(seg.size) {
+					lo, hi := seg.pages.span(seg, addr, size)
+					for k := lo; k < hi; k++ {
+						seg.pages.planned[k] = true
+					}
+					return
+				}
+			}
+		}
+		for _, f := range fixed {
+			mark(f.addr, f.size)
+		}
+		for i, it := range items {
+			if addrs[i] != 0 {
+				mark(addrs[i], it.size)
+			}
+		}
+		pages := 0
+		for si := range p.a.segs {
+			for _, on := range p.a.segs[si].pages.planned {
+				if on {
+					pages++
+				}
+			}
+		}
+		if int64(pages) > p.a.budget {
+			pl.plans++
+			return false
+		}
+	}
+	pl.plans++
+	return true
+}
