@@ -286,6 +286,10 @@ type Stats struct {
 	KeptEvictions, KeptBytes int64
 	// PeakHostBytes is the most pinned host memory in use at once.
 	PeakHostBytes int64
+	// HostAllocs counts the pinned slabs the host pool allocated (each a
+	// cudaHostAlloc on CUDA, slow: it pins the pages): flat once the pool
+	// holds what a policy's swaps need at once.
+	HostAllocs int64
 	// With WithRank: AdoptedPolicies counts the policies rank 0 planned
 	// that this rank adopted instead of planning, SharedPolicies those rank
 	// 0 broadcast, RankFallbacks the exchanges after which this rank
@@ -407,7 +411,7 @@ func (e *Engine) Stats() Stats {
 	s.MappedPages = a.MappedPages
 	s.Placed, s.Missed, s.Placements = a.Placed, a.Missed, a.Placements
 	hs := e.pool.Stats()
-	s.HostBytes, s.PeakHostBytes = hs.Allocated, hs.PeakAllocated
+	s.HostBytes, s.PeakHostBytes, s.HostAllocs = hs.Allocated, hs.PeakAllocated, hs.BackendAllocs
 	return s
 }
 

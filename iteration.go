@@ -69,6 +69,7 @@ func (e *Engine) Begin() *Iteration {
 	if e.policy != nil {
 		e.policy.reset()
 		it.err = e.trimKept()
+		e.reserveHost(e.policy)
 	}
 	if !e.cfg.noPlace {
 		// A policy in STABLE repeats its requests; anything else may not.

@@ -70,6 +70,8 @@ type policy struct {
 	// comes back: a later swap of it copies nothing out (NoCopyOut), as
 	// the plan counted (an activation swapped twice, unwritten between).
 	keepIn []bool
+	// hostReserved: the host pool was sized for the policy (reserveHost).
+	hostReserved bool
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device

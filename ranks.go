@@ -148,6 +148,33 @@ func (c *config) hostPool() (opts []device.MemOption, reserve int64) {
 	return []device.MemOption{device.WithGrowth(64 << 20)}, c.hostReserve
 }
 
+// hostSlack is how much more pinned memory than a policy's swaps hold at
+// once the host pool reserves when the policy comes into force (see
+// reserveHost), in quarters: room for the pool's fragmentation.
+const hostSlack = 5
+
+// reserveHost makes the host pool, once per policy, hold what is in use
+// now (host copies kept, swaps still out) and hostSlack/4 of the pinned
+// memory the policy's swaps hold at once, the rest in one slab: a pool
+// that grows a slab at a time as requests fail to fit fragments, and on
+// CUDA each slab is a cudaHostAlloc that pins its pages while the host
+// waits (a hundred milliseconds and more a GB), in the middle of a step.
+// A fixed host budget (WithHostBudget, WithHostReserve) is left as it is;
+// a reservation that fails leaves the pool to grow as before.
+func (e *Engine) reserveHost(p *policy) {
+	if p.hostReserved || p.prof == nil || e.cfg.ranks.hostShare() > 0 || e.cfg.hostReserve > 0 {
+		return
+	}
+	p.hostReserved = true
+	st := e.pool.Stats()
+	want := st.Allocated + plan.HostPeak(p.prof.iter, p.swaps)/4*hostSlack
+	if have := st.Reserved; want > have {
+		if err := e.pool.Reserve(want - have); err != nil {
+			e.cfg.logger.Warn("chameleon: pinned host memory for the policy's swaps not reserved; the pool grows as they need", "bytes", want-have, "err", err)
+		}
+	}
+}
+
 // hostPlanPct is the share of the pinned memory a plan may fill: the rest
 // is room for what the iteration a policy starts in still holds from its
 // warm-up (tensors evicted then, not used yet), for copies given back

@@ -26,6 +26,11 @@ type placer struct {
 	placing bool
 	replans int
 	gaveUp  bool
+	bad     int // repetitions in a row that missed too many places
+	// outlives are the requests (by key) seen in use at the end of a
+	// repetition: each gets places of its own, taken in turn, whatever
+	// the repetition a plan is made from did with it.
+	outlives map[uint64]bool
 	// This repetition's requests served at their planned address, and
 	// those with a plan served elsewhere.
 	placed, missed int
@@ -55,6 +60,8 @@ type carriedFree struct {
 type placeSpot struct {
 	addr, alt uintptr
 	size      int64
+	// inRep: the plan has the block freed within the repetition.
+	inRep bool
 }
 
 // maxReplans bounds how often one run of repetitions is planned again
@@ -93,8 +100,8 @@ func (p *pool) unplan() {
 // repetition whose blocks missed their places is planned again, at most
 // twice in a row, when more than one in fifty of its requests missed; one
 // where more than one in ten of the requests with a place missed it ends
-// placement until Repeat(false): the sequence does not recur closely
-// enough.
+// placement until Repeat(false) when it happens twice in a row: the
+// sequence does not recur closely enough.
 //
 // Placement changes where blocks go, never what a block holds or which
 // waits guard it: a planned block is served like any other, behind the
@@ -116,15 +123,22 @@ func (a *Allocator) Repeat(same bool) {
 	}
 	switch {
 	case !same:
-		pl.plan, pl.planKey, pl.placing, pl.replans, pl.gaveUp = pl.plan[:0], nil, false, 0, false
+		pl.plan, pl.planKey, pl.placing, pl.replans, pl.gaveUp, pl.outlives = pl.plan[:0], nil, false, 0, false, nil
+		pl.bad = 0
 		p.unplan()
 	case len(pl.recs) == 0 || pl.gaveUp:
 	case pl.placing && pl.missed*giveUpShare > pl.placed+pl.missed:
-		// The sequence does not recur closely enough (an MoE step routes
-		// other tokens each time): best fit serves it better.
-		pl.placing, pl.gaveUp = false, true
-		p.unplan()
-	case !pl.placing || (pl.missed*missedShare > len(pl.recs) && pl.replans < maxReplans):
+		// One such repetition may be an odd one out (a first step that
+		// does more); two in a row, the sequence does not recur closely
+		// enough (an MoE step routes other tokens each time), and best
+		// fit serves it better.
+		if pl.bad++; pl.bad >= 2 {
+			pl.placing, pl.gaveUp = false, true
+			p.unplan()
+		}
+	case pl.bad > 0 && !pl.outlived():
+		pl.bad = 0
+	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || pl.outlived()) && pl.replans < maxReplans):
 		if pl.placing {
 			pl.replans++
 		}
@@ -203,6 +217,26 @@ func (pl *placer) freed(b *block, reuse int32) {
 }
 
 func (pl *placer) key() uint64 { return uint64(pl.step)<<32 | uint64(uint32(pl.inStep)) }
+
+// outlived notes the requests of the repetition that just ended still in
+// use at its end that the plan had freed within it, and reports whether
+// there were any: their blocks sit on places the plan gave others.
+func (pl *placer) outlived() bool {
+	any := false
+	for _, r := range pl.recs {
+		if r.freed || pl.outlives[r.key] {
+			continue
+		}
+		if k, ok := pl.planKey[r.key]; ok && pl.plan[k].inRep {
+			if pl.outlives == nil {
+				pl.outlives = map[uint64]bool{}
+			}
+			pl.outlives[r.key] = true
+			any = true
+		}
+	}
+	return any
+}
 
 // spot is where the next request of a placing repetition goes, if
 // anywhere, and where else it may go.
@@ -291,19 +325,21 @@ func (p *pool) planPlacement() bool {
 	for k, r := range pl.recs {
 		pl.plan[k] = placeSpot{size: r.size}
 		pl.planKey[r.key] = int32(k)
-		if r.freed {
+		if r.freed && !pl.outlives[r.key] {
 			to := r.end + 1
 			if r.reuse >= 0 {
 				to = max(to, at(r.reuse))
 			}
 			items = append(items, placeItem{size: r.size, life: life{n: 1, iv: [2]span{{r.start, to}}}})
 			idx = append(idx, k)
+			pl.plan[k].inRep = true
 			continue
 		}
-		// In use at the end: it stays where it is. A block that the next
-		// repetition frees before asking for it again comes back there.
+		// In use at the end (or seen so before): it stays where it is. A
+		// block that the next repetition frees before asking for it again
+		// comes back there.
 		l := life{n: 2, iv: [2]span{{r.start, end}, {0, end}}}
-		if c, ok := head[r.key]; ok && c.size == r.size && c.at < r.start {
+		if c, ok := head[r.key]; ok && c.size == r.size && c.at < r.start && !r.freed {
 			l.iv[1] = span{0, c.at + 1}
 			pl.plan[k].addr = r.addr
 		} else {
@@ -312,7 +348,9 @@ func (p *pool) planPlacement() bool {
 			items = append(items, placeItem{size: r.size, life: whole}, placeItem{size: r.size, life: whole})
 			idx = append(idx, k, -1-k)
 		}
-		fixed = append(fixed, placed{addr: r.addr, size: r.size, life: l})
+		if !r.freed {
+			fixed = append(fixed, placed{addr: r.addr, size: r.size, life: l})
+		}
 	}
 	var page int64
 	if p.mapper != nil {
@@ -363,6 +401,9 @@ func (p *pool) planPlacement() bool {
 				}
 			}
 		}
+		// Beyond the budget, pages would move every repetition, each
+		// unmapped where it waits for the copies still using it: best fit
+		// does no worse.
 		if int64(pages) > p.a.budget {
 			pl.plans++
 			return false

@@ -147,6 +147,8 @@ type IterationReport struct {
 	// (chameleon.WithPlacement).
 	Placed int64 `json:"placed"`
 	Missed int64 `json:"missed"`
+	// HostAllocs is the pinned slabs the Engine's host pool allocated.
+	HostAllocs int64 `json:"host_allocs"`
 	// With Timing.Timeline, the step on the device's clock: the time it ran
 	// the op kernels (DeviceBusyMS), the time it stood idle because the
 	// host had not queued the next kernel yet (HostStallMS) and idle with
@@ -454,7 +456,7 @@ type runner struct {
 	round     int // the round being replayed
 	// the Engine's allocator counters at the end of the last iteration
 	hostWaits, maps, pages int64
-	placed, missed         int64
+	placed, missed, hostA  int64
 	// stableTimeline: Report.Timeline is of a STABLE iteration.
 	stableTimeline bool
 	// A timed replay (Config.Timing): the op times of each trace iteration
@@ -624,6 +626,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 	r.hostWaits, r.maps, r.pages = st.HostWaits, st.Maps, st.MappedPages
 	ir.Placed, ir.Missed = st.Placed-r.placed, st.Missed-r.missed
 	r.placed, r.missed = st.Placed, st.Missed
+	ir.HostAllocs, r.hostA = st.HostAllocs-r.hostA, st.HostAllocs
 	r.rep.PerIteration = append(r.rep.PerIteration, ir)
 	r.rep.Stages = append(r.rep.Stages, res.Stage.String())
 	if res.PlanError != nil {

@@ -82,6 +82,8 @@ type options struct {
 	hostBW        float64
 	workers       int
 	tf32          bool
+	pageSize      string
+	placement     bool
 	arch          string
 	hostReserve   string
 	verify        bool
@@ -116,6 +118,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.minSwap, "min-swap", "auto", "smallest tensor the planner swaps (auto: 1 MiB, or one batch x width activation when smaller)")
 	fs.Float64Var(&o.hostBW, "host-bw", 0, "host backend: model a host link of this many GB/s each way (0: instantaneous copies)")
 	fs.IntVar(&o.workers, "workers", 0, "host backend: goroutines per GEMM (0: GOMAXPROCS)")
+	fs.StringVar(&o.pageSize, "page-size", "", "cuda: bytes of each mapped page, a power of two of at least 2MiB (default: the device's rule for the limit)")
+	fs.BoolVar(&o.placement, "placement", true, "serve each device block at the address the allocator planned from the step before, once a policy runs (chameleon.WithPlacement); false: best fit")
 	fs.BoolVar(&o.tf32, "tf32", false, "cuda: let cuBLAS use TF32 tensor cores for the fp32 GEMMs")
 	fs.StringVar(&o.arch, "arch", "compute_90", "cuda: NVRTC --gpu-architecture of the elementwise kernels")
 	fs.StringVar(&o.hostReserve, "host-reserve", "0", "pinned host bytes to reserve up front for swapped tensors (0: grow on first need, during warm-up)")
@@ -189,7 +193,13 @@ func run(args []string, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b, err := backend.Open(backend.Options{Device: o.device, Workers: o.workers, HostBW: o.hostBW, TF32: o.tf32, Arch: o.arch})
+	var page int64
+	if o.pageSize != "" {
+		if page, err = chameleon.ParseBytes(o.pageSize); err != nil {
+			return cli.Usagef("--page-size: %v", err)
+		}
+	}
+	b, err := backend.Open(backend.Options{Device: o.device, Workers: o.workers, HostBW: o.hostBW, TF32: o.tf32, Arch: o.arch, PageSize: page})
 	if err != nil {
 		return err
 	}
@@ -265,6 +275,7 @@ func run(args []string, out, stderr io.Writer) error {
 	if o.estimated {
 		cfg.Options = append(cfg.Options, chameleon.WithMeasuredTimes(false))
 	}
+	cfg.Options = append(cfg.Options, chameleon.WithPlacement(o.placement))
 	var raw *rawRates
 	if o.timing {
 		if raw, err = rawLink(b.Dev, rawCopyBytes(limit), 4); err != nil {
@@ -341,6 +352,8 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 	}
 	fmt.Fprintf(out, "  engine: %d policies planned, %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out, %d recomputes\n",
 		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut, st.Recomputes)
+	fmt.Fprintf(out, "  device allocator: %d blocks at their planned place, %d missed it (%d plans); %d pages mapped after the start, %d host waits\n",
+		st.Placed, st.Missed, st.Placements, st.MappedPages, st.HostWaits)
 	if k := len(rep.Sims); k > 0 {
 		sim := rep.Sims[k-1]
 		fmt.Fprintf(out, "  simulator (last policy, op times fitted to the unlimited step): predicted %.2f ms = %.2f ms compute + %.2f ms stalls; measured %.2f ms\n",

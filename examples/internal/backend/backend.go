@@ -25,6 +25,9 @@ type Options struct {
 	HostBW  float64 // host: a modeled link of this many GB/s each way (0: memory speed)
 	TF32    bool    // cuda: cuBLAS may use TF32 tensor cores
 	Arch    string  // cuda: NVRTC --gpu-architecture of the elementwise kernels
+	// PageSize is the bytes of each mapped page on cuda (0: the device's
+	// rule for the limit, device.PageFor).
+	PageSize int64
 }
 
 // Backend is an opened device with the kernels the models run on it.
@@ -55,7 +58,11 @@ func Open(o Options) (*Backend, error) {
 		return &Backend{Dev: d, Close: d.Close, Est: HostCostModel(o.Workers),
 			Kernels: func(s device.Stream) (compute.Kernels, error) { return compute.NewHost(d, s, o.Workers), nil }}, nil
 	case "cuda":
-		d, err := cuda.New()
+		var copts []cuda.Option
+		if o.PageSize > 0 {
+			copts = append(copts, cuda.WithPageSize(o.PageSize))
+		}
+		d, err := cuda.New(copts...)
 		if err != nil {
 			return nil, err
 		}
