@@ -1,9 +1,11 @@
 package device
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 )
 
 // Mapper is a Device that can reserve address space and back it with
@@ -80,6 +82,10 @@ type pageMap struct {
 	// planned marks the pages a placement plan uses (nil: no plan): the
 	// pages to keep mapped.
 	planned []bool
+	// uses lists, per page, when the plan's blocks on it begin their
+	// lives (sorted; nil when the plan's pages fit the budget), so that
+	// the page moved away is the one needed again last.
+	uses [][]int32
 	// prefix[i] is the number of mapped pages among the first i, so that a
 	// range's unmapped pages cost two loads on the allocation path.
 	prefix []int32
@@ -454,6 +460,13 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) e
 	// Pass 0 takes the pages no placement plan uses; passes 1 and 2 any,
 	// pass 2 waiting for events.
 	for pass := 0; pass < 3 && n > 0; pass++ {
+		if pass == 1 && p.pl.placing && p.a.segs[0].pages.uses != nil {
+			var err error
+			if n, err = p.farthestPages(n, take); err != nil {
+				return err
+			}
+			continue
+		}
 		for si := range p.a.segs {
 			seg := &p.a.segs[si]
 			pm := seg.pages
@@ -497,6 +510,66 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) e
 		return fmt.Errorf("%s: %d pages short: %w", p.what, n, ErrOutOfMemory)
 	}
 	return nil
+}
+
+// farthestPages hands take up to n cached pages of settled free ranges,
+// those the placement plan needs again last first (Belady's choice), and
+// returns how many are still wanted.
+func (p *pool) farthestPages(n int64, take func(seg *segment, lo, hi int) error) (int64, error) {
+	type cand struct {
+		seg  *segment
+		page int
+		next int64
+	}
+	var cs []cand
+	now := int32(p.pl.clock)
+	for si := range p.a.segs {
+		seg := &p.a.segs[si]
+		pm := seg.pages
+		for f := seg.head; f != nil; f = f.next {
+			if !f.free {
+				continue
+			}
+			lo, hi := pm.span(seg, f.addr, f.size)
+			if !pm.cached(lo, hi) {
+				continue
+			}
+			if len(f.pending) > 0 {
+				ok, err := p.settle(f, false)
+				if err != nil {
+					return n, err
+				}
+				if !ok {
+					continue
+				}
+			}
+			for k := lo; k < hi; k++ {
+				if pm.users[k] != 0 || !pm.mapped[k] {
+					continue
+				}
+				next := int64(1) << 40 // the plan does not use it
+				if u := pm.uses[k]; len(u) > 0 {
+					if i, _ := slices.BinarySearch(u, now+1); i < len(u) {
+						next = int64(u[i])
+					} else {
+						next = int64(u[0]) + 1<<31 // in the next repetition
+					}
+				}
+				cs = append(cs, cand{seg, k, next})
+			}
+		}
+	}
+	slices.SortFunc(cs, func(x, y cand) int { return cmp.Compare(y.next, x.next) })
+	for _, c := range cs {
+		if n == 0 {
+			break
+		}
+		if err := take(c.seg, c.page, c.page+1); err != nil {
+			return n, err
+		}
+		n--
+	}
+	return n, nil
 }
 
 // remap moves the memory of n cached pages to the unmapped pages of

@@ -67,9 +67,6 @@ type placeItem struct {
 // fewest pages to those some block of fixed or items uses at some point
 // (at either end of its gap), so that the pages the whole repetition uses
 // can stay mapped.
-//
-// With pages it also packs the items by area (bytes times the length of
-// their life, largest first) and keeps whichever packing uses fewer pages.
 func packBlocks(segs []placed, fixed []placed, items []placeItem, page int64) []uintptr {
 	order := make([]int, len(items))
 	for i := range order {
@@ -82,50 +79,8 @@ func packBlocks(segs []placed, fixed []placed, items []placeItem, page int64) []
 		return cmp.Compare(items[x].life.iv[0].from, items[y].life.iv[0].from)
 	}
 	slices.SortStableFunc(order, bySize)
-	out, tp := packOrder(segs, fixed, items, page, order)
-	if page <= 0 {
-		return out
-	}
-	area := func(i int) int64 {
-		l := items[i].life
-		var n int64
-		for _, v := range l.iv[:l.n] {
-			n += int64(v.to - v.from)
-		}
-		return n * items[i].size
-	}
-	slices.SortStableFunc(order, func(x, y int) int {
-		if c := cmp.Compare(area(y), area(x)); c != 0 {
-			return c
-		}
-		return bySize(x, y)
-	})
-	out2, tp2 := packOrder(segs, fixed, items, page, order)
-	if unplaced(out2) < unplaced(out) || (unplaced(out2) == unplaced(out) && tp2.count() < tp.count()) {
-		out, tp = out2, tp2
-	}
-	// And in the order they were asked for, as best fit online would.
-	slices.SortStableFunc(order, func(x, y int) int {
-		if c := cmp.Compare(items[x].life.iv[0].from, items[y].life.iv[0].from); c != 0 {
-			return c
-		}
-		return bySize(x, y)
-	})
-	out3, tp3 := packOrder(segs, fixed, items, page, order)
-	if unplaced(out3) < unplaced(out) || (unplaced(out3) == unplaced(out) && tp3.count() < tp.count()) {
-		out = out3
-	}
+	out, _ := packOrder(segs, fixed, items, page, order)
 	return out
-}
-
-func unplaced(addrs []uintptr) int {
-	n := 0
-	for _, a := range addrs {
-		if a == 0 {
-			n++
-		}
-	}
-	return n
 }
 
 // packOrder packs items in the order given; see packBlocks.
@@ -212,19 +167,6 @@ func newTouched(segs []placed, page int64) *touched {
 }
 
 func (t *touched) on() bool { return t.pages != nil }
-
-// count is the pages some block uses.
-func (t *touched) count() int {
-	n := 0
-	for _, ps := range t.pages {
-		for _, u := range ps {
-			if u {
-				n++
-			}
-		}
-	}
-	return n
-}
 
 // fresh counts the pages of [addr, addr+size), in range si, no block uses.
 func (t *touched) fresh(si int, addr uintptr, size int64) int {

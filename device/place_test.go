@@ -82,6 +82,11 @@ func runSteps(t *testing.T, step []stepEvent, page, limit int64, reps int, placi
 		if placing {
 			a.Repeat(true)
 		}
+		if placing && rep == 0 {
+			// A request refused strains best fit: placement starts.
+			_, err := a.Alloc(2*limit, 0)
+			require.ErrorIs(t, err, device.ErrOutOfMemory)
+		}
 		blocks := map[int]live{}
 		ev := step
 		if change != nil {
@@ -178,4 +183,79 @@ func TestRepeatKeepsPlacesWhenAStepChanges(t *testing.T) {
 	assert.Equal(t, requests, placed)
 	assert.Zero(t, missed)
 	assert.Equal(t, int64(1), st[reps-1].Placements, "a few misses do not plan again")
+}
+
+// TestRepeatKeepsBestFitUnstrained: repetitions that best fit serves with
+// no page moved, no host wait and no request refused are left to it.
+func TestRepeatKeepsBestFitUnstrained(t *testing.T) {
+	const page, limit = 4 << 10, 512 * 4 << 10
+	step := trainingStep(rand.New(rand.NewPCG(3, 5)), page, limit)
+	_, a := newMapped(t, limit, page)
+	var ps []device.DevPtr
+	for range 4 {
+		a.Repeat(true)
+		for _, e := range step {
+			a.Tick(e.tick)
+			if e.size > 0 {
+				p, err := a.Alloc(e.size, 0)
+				require.NoError(t, err)
+				ps = append(ps, p)
+				continue
+			}
+		}
+		for _, p := range ps {
+			require.NoError(t, a.Free(p))
+		}
+		ps = ps[:0]
+	}
+	st := a.Stats()
+	require.Zero(t, st.MappedPages, "best fit moved no page")
+	assert.Zero(t, st.Placements)
+	assert.Zero(t, st.Placed)
+}
+
+// BenchmarkPlacedStep times a repetition of a training-shaped step served
+// at planned places (requests, frees and the step's Ticks), and reports the
+// cost per request.
+func BenchmarkPlacedStep(b *testing.B) {
+	const page, limit = 4 << 10, 512 * 4 << 10
+	step := trainingStep(rand.New(rand.NewPCG(3, 5)), page, limit)
+	_, a := newMapped(b, limit, page)
+	live := map[int]device.DevPtr{}
+	requests := 0
+	run := func() {
+		a.Repeat(true)
+		if requests == 0 {
+			_, err := a.Alloc(2*limit, 0) // refused: placement starts
+			require.ErrorIs(b, err, device.ErrOutOfMemory)
+		}
+		for _, e := range step {
+			a.Tick(e.tick)
+			if e.size > 0 {
+				p, err := a.Alloc(e.size, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				live[e.id] = p
+				requests++
+				continue
+			}
+			if err := a.Free(live[e.id]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for range 3 {
+		run()
+	}
+	requests = 1 // no more refused requests
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		run()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(requests-1), "ns/request")
+	if st := a.Stats(); st.Placed == 0 {
+		b.Fatal("nothing placed")
+	}
 }

@@ -1,5 +1,10 @@
 package device
 
+import (
+	"cmp"
+	"slices"
+)
+
 // placer records the repetitions of a recurring request sequence and plans
 // where their blocks go (see place.go). Called with the pool's lock held.
 type placer struct {
@@ -26,7 +31,10 @@ type placer struct {
 	placing bool
 	replans int
 	gaveUp  bool
-	bad     int // repetitions in a row that missed too many places
+	// The pool's pages mapped, host waits and refused requests when the
+	// repetition began.
+	movedAt, waitsAt, failsAt int64
+	bad                       int // repetitions in a row that missed too many places
 	// outlives are the requests (by key) seen in use at the end of a
 	// repetition: each gets places of its own, taken in turn, whatever
 	// the repetition a plan is made from did with it.
@@ -79,11 +87,16 @@ const missedShare = 50
 // place missed it.
 const giveUpShare = 10
 
+// overPages: a plan may use, over a repetition, up to budget/overPages
+// pages more than the budget holds, each moved twice a repetition, if at
+// no point it has more in use than the budget.
+const overPages = 32
+
 // unplan forgets which pages a plan uses.
 func (p *pool) unplan() {
 	for si := range p.a.segs {
 		if pm := p.a.segs[si].pages; pm != nil {
-			pm.planned = nil
+			pm.planned, pm.uses = nil, nil
 		}
 	}
 }
@@ -102,6 +115,11 @@ func (p *pool) unplan() {
 // where more than one in ten of the requests with a place missed it ends
 // placement until Repeat(false) when it happens twice in a row: the
 // sequence does not recur closely enough.
+//
+// Placement starts only after a repetition best fit served with trouble:
+// pages mapped, a host wait, a request refused. Otherwise best fit stays,
+// and it hands out memory no copy still uses where it can, while a
+// planned block may have to wait for one on the device.
 //
 // Placement changes where blocks go, never what a block holds or which
 // waits guard it: a planned block is served like any other, behind the
@@ -138,6 +156,10 @@ func (a *Allocator) Repeat(same bool) {
 		}
 	case pl.bad > 0 && !pl.outlived():
 		pl.bad = 0
+	case !pl.placing && !p.strained():
+		// Best fit served the repetition with no page moved, no host
+		// wait and no request refused: it stays, for a block it hands out
+		// is one no copy still uses, where a planned one may be.
 	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || pl.outlived()) && pl.replans < maxReplans):
 		if pl.placing {
 			pl.replans++
@@ -148,6 +170,7 @@ func (a *Allocator) Repeat(same bool) {
 			p.unplan()
 		}
 	}
+	pl.movedAt, pl.waitsAt, pl.failsAt = p.pagesIn, p.syncs, p.fails
 	pl.totPlaced += int64(pl.placed)
 	pl.totMissed += int64(pl.missed)
 	pl.placed, pl.missed = 0, 0
@@ -217,6 +240,13 @@ func (pl *placer) freed(b *block, reuse int32) {
 }
 
 func (pl *placer) key() uint64 { return uint64(pl.step)<<32 | uint64(uint32(pl.inStep)) }
+
+// strained reports whether the repetition that just ended mapped pages,
+// made the host wait or refused a request: what placement is for.
+func (p *pool) strained() bool {
+	pl := &p.pl
+	return p.pagesIn > pl.movedAt || p.syncs > pl.waitsAt || p.fails > pl.failsAt
+}
 
 // outlived notes the requests of the repetition that just ended still in
 // use at its end that the plan had freed within it, and reports whether
@@ -372,8 +402,17 @@ func (p *pool) planPlacement() bool {
 				pm.planned = make([]bool, len(pm.mapped))
 			}
 			clear(pm.planned)
+			pm.uses = nil
 		}
-		mark := func(addr uintptr, size int64) {
+		// The pages each block uses, as (segment, first, end) runs.
+		type run struct{ si, lo, hi int }
+		type edge struct {
+			at  int32
+			in  bool
+			run run
+		}
+		var edges []edge
+		add := func(addr uintptr, size int64, l life) {
 			for si := range p.a.segs {
 				seg := &p.a.segs[si]
 				if addr >= seg.addr && addr < seg.addr+uintptr(seg.size) {
@@ -381,16 +420,19 @@ func (p *pool) planPlacement() bool {
 					for k := lo; k < hi; k++ {
 						seg.pages.planned[k] = true
 					}
+					for _, v := range l.iv[:l.n] {
+						edges = append(edges, edge{v.from, true, run{si, lo, hi}}, edge{v.to, false, run{si, lo, hi}})
+					}
 					return
 				}
 			}
 		}
 		for _, f := range fixed {
-			mark(f.addr, f.size)
+			add(f.addr, f.size, f.life)
 		}
 		for i, it := range items {
 			if addrs[i] != 0 {
-				mark(addrs[i], it.size)
+				add(addrs[i], it.size, it.life)
 			}
 		}
 		pages := 0
@@ -401,12 +443,61 @@ func (p *pool) planPlacement() bool {
 				}
 			}
 		}
-		// Beyond the budget, pages would move every repetition, each
-		// unmapped where it waits for the copies still using it: best fit
-		// does no worse.
 		if int64(pages) > p.a.budget {
-			pl.plans++
-			return false
+			// Some pages must move each repetition. That is worth it
+			// only for a few of them, and only if at no point the plan
+			// has more pages in use than the budget: it would starve a
+			// request. Ends sort before starts at one point (lives are
+			// half-open).
+			slices.SortFunc(edges, func(x, y edge) int {
+				if c := cmp.Compare(x.at, y.at); c != 0 {
+					return c
+				}
+				if x.in == y.in {
+					return 0
+				}
+				if x.in {
+					return 1
+				}
+				return -1
+			})
+			users := make([][]int32, len(p.a.segs))
+			for si := range users {
+				users[si] = make([]int32, len(p.a.segs[si].pages.mapped))
+			}
+			var inUse, most int64
+			for _, e := range edges {
+				u := users[e.run.si][e.run.lo:e.run.hi]
+				for k := range u {
+					if e.in {
+						if u[k] == 0 {
+							inUse++
+						}
+						u[k]++
+					} else if u[k]--; u[k] == 0 {
+						inUse--
+					}
+				}
+				most = max(most, inUse)
+			}
+			if most > p.a.budget || int64(pages) > p.a.budget+p.a.budget/overPages {
+				pl.plans++
+				return false
+			}
+			// The pages to move away are those the plan needs again
+			// last: know when each is used.
+			for si := range p.a.segs {
+				pm := p.a.segs[si].pages
+				pm.uses = make([][]int32, len(pm.mapped))
+			}
+			for _, e := range edges {
+				if e.in {
+					pm := p.a.segs[e.run.si].pages
+					for k := e.run.lo; k < e.run.hi; k++ {
+						pm.uses[k] = append(pm.uses[k], e.at)
+					}
+				}
+			}
 		}
 	}
 	pl.plans++

@@ -77,6 +77,7 @@ type pool struct {
 	page, space         int64
 	maps, unmaps, syncs int64
 	pagesIn, pagesOut   int64
+	fails               int64    // requests refused (nothing fits)
 	srcs                []DevPtr // remap's scratch
 
 	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
@@ -250,6 +251,7 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		b = p.a.take(need, ready)
 	}
 	if b == nil {
+		p.fails++
 		st := p.a.stats()
 		return nil, fmt.Errorf("%s: alloc %d bytes: largest free block %d of %d free (reserved %d): %w",
 			what, size, st.LargestFree, st.Free, st.Reserved, ErrOutOfMemory)

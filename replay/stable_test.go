@@ -139,3 +139,30 @@ func TestLoRAFrozenWeightsLeaveWithNoCopy(t *testing.T) {
 	}
 	assert.Positive(t, stable)
 }
+
+// TestPlacementSettlesOnARecurringStep: llama16-bf16 at 80% of its peak.
+// Once a policy runs, best fit moves pages every few iterations; the
+// allocator then packs the step's blocks from a recording of it, and from
+// then on serves nearly every block at its planned place and moves at most
+// a few pages a step (the plan may need a few more than the budget),
+// with no forced eviction, no on-demand swap-in and every byte verified.
+func TestPlacementSettlesOnARecurringStep(t *testing.T) {
+	const scale = 1024
+	rep := replayAt(t, "llama16-bf16.jsonl.gz", 0.8, scale)
+	var stable []replay.IterationReport
+	for _, x := range rep.PerIteration {
+		if x.Stage == "STABLE" {
+			stable = append(stable, x)
+		}
+	}
+	require.GreaterOrEqual(t, len(stable), 6)
+	budget := rep.LimitBytes / replay.PageAtScale(rep.LimitBytes, scale)
+	for _, x := range stable[len(stable)-3:] {
+		t.Logf("round %d iteration %d: placed %d, missed %d, pages mapped %d of a budget of %d", x.Round, x.Iter, x.Placed, x.Missed, x.MappedPages, budget)
+		assert.Positive(t, x.Placed)
+		assert.LessOrEqual(t, x.Missed*100, x.Placed, "at most one block in a hundred misses its place")
+		assert.LessOrEqual(t, x.MappedPages*16, budget, "a few pages move a step")
+		assert.Zero(t, x.Evictions)
+		assert.Zero(t, x.OnDemandSwapIns)
+	}
+}

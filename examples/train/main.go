@@ -297,9 +297,9 @@ func run(args []string, out, stderr io.Writer) error {
 
 func printStep(out io.Writer, s Step, dynamic bool) {
 	r := s.Result
-	line := fmt.Sprintf("step %4d  loss %.6f  %9.2f ms  peak %9s  swapped out %.4f GB in %.4f GB  %-10s  swaps %d/%d on-demand %d recomputes %d",
+	line := fmt.Sprintf("step %4d  loss %.6f  %9.2f ms  peak %9s  swapped out %.4f GB in %.4f GB  %-10s  swaps %d/%d on-demand %d evictions %d recomputes %d pages mapped %d host waits %d placed %d",
 		s.Index, s.Loss, float64(s.Time.Microseconds())/1000, bytesStr(s.Peak), float64(s.Out)/1e9, float64(s.In)/1e9,
-		r.Stage, r.SwapsOut, r.SwapsIn, r.OnDemand, s.Recomputes)
+		r.Stage, r.SwapsOut, r.SwapsIn, r.OnDemand, s.Evictions, s.Recomputes, s.Pages, s.HostWaits, s.Placed)
 	if dynamic {
 		line += fmt.Sprintf("  pattern %d ops %d changed=%v planned=%v cache_hit=%v", s.Pattern, r.Ops, r.Detect.Changed, r.Planned, r.CacheHit)
 		if r.Detect.Changed {

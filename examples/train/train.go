@@ -80,8 +80,11 @@ type Step struct {
 	// Recomputes is the activations dropped and made again during the step.
 	Recomputes int64
 	// Peak device bytes the Engine's allocator handed out so far.
-	Peak    int64
-	Pattern int // the skip pattern in force (dynamic runs)
+	Peak int64
+	// Evictions forced, and the device allocator's pages mapped, host
+	// waits and blocks served at their planned place, during the step.
+	Evictions, Pages, HostWaits, Placed int64
+	Pattern                             int // the skip pattern in force (dynamic runs)
 }
 
 // Report is a whole run.
@@ -161,7 +164,8 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 		st := eng.Stats()
 		s := Step{Index: i, Loss: loss, Time: time.Since(start), Forward: n.fwdEnd.Sub(start), Result: res, Pattern: pat,
 			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes,
-			Recomputes: st.Recomputes - prev.Recomputes}
+			Recomputes: st.Recomputes - prev.Recomputes, Evictions: st.Evictions - prev.Evictions,
+			Pages: st.MappedPages - prev.MappedPages, HostWaits: st.HostWaits - prev.HostWaits, Placed: st.Placed - prev.Placed}
 		prev = st
 		rep.Steps = append(rep.Steps, s)
 		if pr := res.Plan; res.Planned && pr.Exec != nil {
