@@ -548,7 +548,8 @@ func (p *pool) farthestPages(n int64, take func(seg *segment, lo, hi int) error)
 					continue
 				}
 				next := int64(1) << 40 // the plan does not use it
-				if u := pm.uses[k]; len(u) > 0 {
+				if k < len(pm.uses) && len(pm.uses[k]) > 0 {
+					u := pm.uses[k]
 					if i, _ := slices.BinarySearch(u, now+1); i < len(u) {
 						next = int64(u[i])
 					} else {
