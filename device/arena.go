@@ -142,14 +142,7 @@ func (a *arena) removeFree(b *block) {
 	if !ok {
 		panic("device: arena free list out of sync")
 	}
-	a.free = slices.Delete(a.free, i, i+1)
-	if a.indexed {
-		j, ok := slices.BinarySearchFunc(a.byAddr, b.addr, addrCmp)
-		if !ok {
-			panic("device: arena address index out of sync")
-		}
-		a.byAddr = slices.Delete(a.byAddr, j, j+1)
-	}
+	a.dropFreeAt(i)
 }
 
 // dropFreeAt takes a.free[i] off the free lists.

@@ -467,47 +467,65 @@ func (p *pool) cachedPages(n int64, take func(seg *segment, lo, hi int) error) e
 			}
 			continue
 		}
-		for si := range p.a.segs {
-			seg := &p.a.segs[si]
+		err := p.settledCached(pass == 2, func(seg *segment, lo, hi int) (bool, error) {
 			pm := seg.pages
-			for f := seg.head; f != nil && n > 0; f = f.next {
-				if !f.free {
+			for i := lo; i < hi && n > 0; {
+				keep := func(k int) bool { return pass == 0 && pm.planned != nil && pm.planned[k] }
+				if pm.users[i] != 0 || !pm.mapped[i] || keep(i) {
+					i++
 					continue
 				}
-				lo, hi := pm.span(seg, f.addr, f.size)
-				if !pm.cached(lo, hi) {
-					continue
+				j := i
+				for j < hi && int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] && !keep(j) {
+					j++
 				}
-				if len(f.pending) > 0 {
-					ok, err := p.settle(f, pass == 2)
-					if err != nil {
-						return err
-					}
-					if !ok {
-						continue
-					}
+				if err := take(seg, i, j); err != nil {
+					return false, err
 				}
-				for i := lo; i < hi && n > 0; {
-					keep := func(k int) bool { return pass == 0 && pm.planned != nil && pm.planned[k] }
-					if pm.users[i] != 0 || !pm.mapped[i] || keep(i) {
-						i++
-						continue
-					}
-					j := i
-					for j < hi && int64(j-i) < n && pm.users[j] == 0 && pm.mapped[j] && !keep(j) {
-						j++
-					}
-					if err := take(seg, i, j); err != nil {
-						return err
-					}
-					n -= int64(j - i)
-					i = j
-				}
+				n -= int64(j - i)
+				i = j
 			}
+			return n > 0, nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	if n > 0 {
 		return fmt.Errorf("%s: %d pages short: %w", p.what, n, ErrOutOfMemory)
+	}
+	return nil
+}
+
+// settledCached calls visit with the pages [lo, hi) of each free range
+// that holds cached pages and whose events have completed (the host
+// waiting for them when wait), until visit returns false.
+func (p *pool) settledCached(wait bool, visit func(seg *segment, lo, hi int) (bool, error)) error {
+	for si := range p.a.segs {
+		seg := &p.a.segs[si]
+		pm := seg.pages
+		for f := seg.head; f != nil; f = f.next {
+			if !f.free {
+				continue
+			}
+			lo, hi := pm.span(seg, f.addr, f.size)
+			if !pm.cached(lo, hi) {
+				continue
+			}
+			if len(f.pending) > 0 {
+				ok, err := p.settle(f, wait)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					continue
+				}
+			}
+			more, err := visit(seg, lo, hi)
+			if err != nil || !more {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -523,42 +541,27 @@ func (p *pool) farthestPages(n int64, take func(seg *segment, lo, hi int) error)
 	}
 	var cs []cand
 	now := int32(p.pl.clock)
-	for si := range p.a.segs {
-		seg := &p.a.segs[si]
+	err := p.settledCached(false, func(seg *segment, lo, hi int) (bool, error) {
 		pm := seg.pages
-		for f := seg.head; f != nil; f = f.next {
-			if !f.free {
+		for k := lo; k < hi; k++ {
+			if pm.users[k] != 0 || !pm.mapped[k] {
 				continue
 			}
-			lo, hi := pm.span(seg, f.addr, f.size)
-			if !pm.cached(lo, hi) {
-				continue
-			}
-			if len(f.pending) > 0 {
-				ok, err := p.settle(f, false)
-				if err != nil {
-					return n, err
-				}
-				if !ok {
-					continue
+			next := int64(1) << 40 // the plan does not use it
+			if k < len(pm.uses) && len(pm.uses[k]) > 0 {
+				u := pm.uses[k]
+				if i, _ := slices.BinarySearch(u, now+1); i < len(u) {
+					next = int64(u[i])
+				} else {
+					next = int64(u[0]) + 1<<31 // in the next repetition
 				}
 			}
-			for k := lo; k < hi; k++ {
-				if pm.users[k] != 0 || !pm.mapped[k] {
-					continue
-				}
-				next := int64(1) << 40 // the plan does not use it
-				if k < len(pm.uses) && len(pm.uses[k]) > 0 {
-					u := pm.uses[k]
-					if i, _ := slices.BinarySearch(u, now+1); i < len(u) {
-						next = int64(u[i])
-					} else {
-						next = int64(u[0]) + 1<<31 // in the next repetition
-					}
-				}
-				cs = append(cs, cand{seg, k, next})
-			}
+			cs = append(cs, cand{seg, k, next})
 		}
+		return true, nil
+	})
+	if err != nil {
+		return n, err
 	}
 	slices.SortFunc(cs, func(x, y cand) int { return cmp.Compare(y.next, x.next) })
 	for _, c := range cs {

@@ -61,6 +61,17 @@ func trainingStep(r *rand.Rand, page, limit int64) []stepEvent {
 	return ev
 }
 
+// requestsOf counts the requests of a step.
+func requestsOf(step []stepEvent) int64 {
+	n := int64(0)
+	for _, e := range step {
+		if e.size > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // runSteps runs step reps times on a mapped allocator, calling Repeat(true)
 // before each when placing and Tick before each event, with every block
 // filled at its request and checked at its free. change, when set, may
@@ -124,12 +135,7 @@ func runSteps(t *testing.T, step []stepEvent, page, limit int64, reps int, placi
 func TestRepeatPlacesRecurringBlocks(t *testing.T) {
 	const page, limit = 4 << 10, 512 * 4 << 10
 	step := trainingStep(rand.New(rand.NewPCG(3, 5)), page, limit)
-	requests := int64(0)
-	for _, e := range step {
-		if e.size > 0 {
-			requests++
-		}
-	}
+	requests := requestsOf(step)
 	const reps = 8
 	online := runSteps(t, step, page, limit, reps, false, nil)
 	planned := runSteps(t, step, page, limit, reps, true, nil)
@@ -153,12 +159,7 @@ func TestRepeatPlacesRecurringBlocks(t *testing.T) {
 func TestRepeatKeepsPlacesWhenAStepChanges(t *testing.T) {
 	const page, limit = 4 << 10, 512 * 4 << 10
 	step := trainingStep(rand.New(rand.NewPCG(3, 5)), page, limit)
-	requests := int64(0)
-	for _, e := range step {
-		if e.size > 0 {
-			requests++
-		}
-	}
+	requests := requestsOf(step)
 	const reps, odd = 6, 4
 	mid := len(step) / 2
 	change := func(rep int, ev []stepEvent) []stepEvent {
