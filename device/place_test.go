@@ -260,3 +260,25 @@ func BenchmarkPlacedStep(b *testing.B) {
 		b.Fatal("nothing placed")
 	}
 }
+
+// TestTickOutOfRange: a step before the first or absurdly far ahead is no
+// step of the clock: it is ignored, and requests go on being served.
+func TestTickOutOfRange(t *testing.T) {
+	d, a := newMapped(t, 64<<10, 4<<10)
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, d.Record(ev, s))
+	a.Repeat(true)
+	a.Tick(-1)
+	a.Tick(1 << 40)
+	a.Tick(3)
+	p, err := a.Alloc(1000, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.FreeAfterFrom(p, ev, s, 1<<40))
+	a.Repeat(true)
+	a.Repeat(false)
+	_, err = a.Alloc(1000, 0)
+	require.NoError(t, err)
+}

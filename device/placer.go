@@ -2,6 +2,7 @@ package device
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -22,7 +23,7 @@ type placer struct {
 	step, inStep int32
 	prevKeys     []uint64
 	// carried are the frees, in this repetition, of blocks the last one
-	// asked for and left in use, by their request number there.
+	// asked for and left in use, with their keys there.
 	carried []carriedFree
 	// plan is, per request number, where the block goes (addr 0: served
 	// as usual); placing says the repetition follows it.
@@ -92,6 +93,11 @@ const giveUpShare = 10
 // no point it has more in use than the budget.
 const overPages = 32
 
+// maxTickGap bounds how far one Tick may skip steps ahead: a later step
+// than that is no step of a repetition's clock, and its memory is not
+// spent on one.
+const maxTickGap = 1 << 20
+
 // unplan forgets which pages a plan uses.
 func (p *pool) unplan() {
 	for si := range p.a.segs {
@@ -110,8 +116,10 @@ func (p *pool) unplan() {
 // from the second such repetition on, each block is served at the address
 // the allocator planned for it from the one before, where that range is
 // free (Stats.Placed), and as usual otherwise (Stats.Missed). A
-// repetition whose blocks missed their places is planned again, at most
-// twice in a row, when more than one in fifty of its requests missed; one
+// repetition whose blocks missed their places is planned again (twice at
+// most until Repeat(false)) when more than one in fifty of its requests
+// missed, or when a block it asked for outlived it though the plan had it
+// freed inside it; one
 // where more than one in ten of the requests with a place missed it ends
 // placement until Repeat(false) when it happens twice in a row: the
 // sequence does not recur closely enough.
@@ -139,12 +147,14 @@ func (a *Allocator) Repeat(same bool) {
 		pl.on = true
 		p.a.index()
 	}
-	switch {
-	case !same:
+	if !same {
 		pl.plan, pl.planKey, pl.placing, pl.replans, pl.gaveUp, pl.outlives = pl.plan[:0], nil, false, 0, false, nil
 		pl.bad = 0
 		p.unplan()
-	case len(pl.recs) == 0 || pl.gaveUp:
+	}
+	outlived := pl.placing && pl.outlived()
+	switch {
+	case !same || len(pl.recs) == 0 || pl.gaveUp:
 	case pl.placing && pl.missed*giveUpShare > pl.placed+pl.missed:
 		// One such repetition may be an odd one out (a first step that
 		// does more); two in a row, the sequence does not recur closely
@@ -154,13 +164,13 @@ func (a *Allocator) Repeat(same bool) {
 			pl.placing, pl.gaveUp = false, true
 			p.unplan()
 		}
-	case pl.bad > 0 && !pl.outlived():
+	case pl.bad > 0 && !outlived:
 		pl.bad = 0
 	case !pl.placing && !p.strained():
 		// Best fit served the repetition with no page moved, no host
 		// wait and no request refused: it stays, for a block it hands out
 		// is one no copy still uses, where a planned one may be.
-	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || pl.outlived()) && pl.replans < maxReplans):
+	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || outlived) && pl.replans < maxReplans):
 		if pl.placing {
 			pl.replans++
 		}
@@ -191,6 +201,9 @@ func (a *Allocator) Tick(i int) {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
 	pl := &a.p.pl
+	if i < 0 || i > len(pl.opAt)+maxTickGap {
+		return // not a step of this repetition's clock
+	}
 	for pl.on && len(pl.opAt) <= i {
 		pl.opAt = append(pl.opAt, pl.clock)
 	}
@@ -206,7 +219,7 @@ func (a *Allocator) Tick(i int) {
 func (a *Allocator) FreeAfterFrom(ptr DevPtr, ev Event, s Stream, from int) error {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	return a.p.putFrom(uintptr(ptr), ev, s, true, int32(from))
+	return a.p.putFrom(uintptr(ptr), ev, s, true, int32(min(max(from, -1), math.MaxInt32)))
 }
 
 // record notes a block handed out.
