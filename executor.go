@@ -133,13 +133,12 @@ func (e *Engine) swapOutFrom(t *Tensor, from int) error {
 	if err := e.dev.Record(done, e.d2h); err != nil {
 		return faulted("copy out", t, err, func() error { return e.dev.SyncStream(e.d2h) }, func() error { return e.pool.Put(buf) })
 	}
-	free := e.alloc.FreeAfter
 	if from >= 0 {
-		free = func(p device.DevPtr, ev device.Event, s device.Stream) error {
-			return e.alloc.FreeAfterFrom(p, ev, s, from)
-		}
+		err = e.alloc.FreeAfterFrom(t.ptr, done, e.d2h, from)
+	} else {
+		err = e.alloc.FreeAfter(t.ptr, done, e.d2h)
 	}
-	if err := free(t.ptr, done, e.d2h); err != nil {
+	if err != nil {
 		return faulted("copy out", t, err, func() error { return e.pool.PutAfter(buf, done, e.d2h) })
 	}
 	t.host, t.outDone, t.state, t.ptr = buf, done, swapped, 0

@@ -162,13 +162,15 @@ func WithMemoryLimit(bytes int64) Option {
 
 // WithPlacement turns planned placement on or off (default on). While a
 // policy runs in STABLE, every iteration asks the device allocator for the
-// same blocks in the same order; from the second such iteration on the
-// allocator serves each at an address it packed from the one before (see
-// device.Allocator.Repeat), instead of best fit online. Best fit scatters
-// a step's blocks, so that its largest find no run of free memory: on
-// mapped pages the allocator then moves pages for them every step, tens
-// of microseconds of driver calls a page on CUDA, and on segments of
-// memory it evicts. Placement changes where blocks go, not what they hold.
+// same blocks in the same order. Best fit online can scatter them, so
+// that a step's largest find no run of free memory: on mapped pages the
+// allocator then moves pages for them every step (tens of microseconds of
+// driver calls a page on CUDA), on segments of memory it refuses them and
+// the Engine evicts. After an iteration in which best fit did so, the
+// allocator packs the step's blocks from that iteration and serves each
+// at its planned address from then on (see device.Allocator.Repeat); where
+// best fit does not strain it stays, since it hands out memory no copy
+// still uses. Placement changes where blocks go, not what they hold.
 // Stats.Placed and Stats.Missed count the blocks served at their place
 // and elsewhere.
 func WithPlacement(on bool) Option { return optionFunc(func(c *config) { c.noPlace = !on }) }
