@@ -149,6 +149,10 @@ type IterationReport struct {
 	Missed int64 `json:"missed"`
 	// HostAllocs is the pinned slabs the Engine's host pool allocated.
 	HostAllocs int64 `json:"host_allocs"`
+	// Held is the storages of activations and inputs the replay still
+	// holds when the iteration ends: those the trace reads again in a
+	// later iteration (live-out), no others.
+	Held int `json:"held"`
 	// With Timing.Timeline, the step on the device's clock: the time it ran
 	// the op kernels (DeviceBusyMS), the time it stood idle because the
 	// host had not queued the next kernel yet (HostStallMS) and idle with
@@ -362,8 +366,13 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 		m := memory.Build(it, memory.LiveOutFromTrace(tr, k))
 		frees[k] = make([][]trace.TensorID, len(it.Ops)+1)
 		for _, lt := range m.Lifetimes {
-			if !lt.LiveOut && !lt.Tensor.Kind.Persistent() && lt.Free <= len(it.Ops) {
-				frees[k][lt.Free] = append(frees[k][lt.Free], lt.Tensor.ID)
+			// A storage the recorded curve drops inside its last op (an
+			// autograd node releasing what it saved as it returns) no
+			// longer counts at that op, but the op still reads it: the
+			// replay releases it after.
+			at := max(lt.Free, lt.LastUse()+1)
+			if !lt.LiveOut && !lt.Tensor.Kind.Persistent() && at <= len(it.Ops) {
+				frees[k][at] = append(frees[k][at], lt.Tensor.ID)
 			}
 		}
 	}
@@ -584,6 +593,12 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 			return err
 		}
 	}
+	held := 0
+	for id := range r.tensors {
+		if tt := it.Tensors[id]; tt != nil && !tt.Kind.Persistent() {
+			held++
+		}
+	}
 	var measured, issued float64
 	if r.timing != nil {
 		issued = float64(time.Since(start)) / 1e6
@@ -599,7 +614,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 	r.rep.Results = append(r.rep.Results, res)
 	ir := IterationReport{Round: r.round, Iter: it.Index, Stage: res.Stage.String(),
 		PlannedSwaps: res.SwapsOut, PlannedRecomputes: res.Recomputes, OnDemandSwapIns: res.OnDemand, Evictions: res.Evictions,
-		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS}
+		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS, Held: held}
 	if r.timing != nil {
 		ir.OpTimes, ir.KernelMS, ir.UnlimitedMS, ir.MeasuredMS = r.bases[k], sum(r.times[k])/1000, r.unlimited[k], measured
 		ir.IssuedMS = issued
