@@ -1,35 +1,14 @@
 package ascend
 
 import (
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/fakelib"
 )
-
-// timingCtl drives the fake's event clock and its elapsed-time faults.
-type timingCtl struct {
-	advance     func(ns int64)
-	notReady    func(n int32)
-	failElapsed func(code int32)
-}
-
-func openTimingCtl(t *testing.T, path string) *timingCtl {
-	t.Helper()
-	lib, err := dl.Open([]string{path}, os.ErrNotExist)
-	require.NoError(t, err)
-	c := &timingCtl{}
-	require.NoError(t, lib.Bind(
-		dl.Func{Ptr: &c.advance, Name: "fake_advance_clock"},
-		dl.Func{Ptr: &c.notReady, Name: "fake_elapsed_not_ready"},
-		dl.Func{Ptr: &c.failElapsed, Name: "fake_fail_next_elapsed"},
-	))
-	return c
-}
 
 // TestTimingEvents runs the timing path through the purego bindings:
 // aclrtCreateEventWithFlag with ACL_EVENT_TIME_LINE, aclrtEventElapsedTime's
@@ -39,7 +18,7 @@ func openTimingCtl(t *testing.T, path string) *timingCtl {
 func TestTimingEvents(t *testing.T) {
 	d, _ := newFake(t)
 	defer d.Close()
-	tc := openTimingCtl(t, buildFake(t, "default"))
+	tc := fakelib.OpenTiming(t, buildFake(t, "default"))
 
 	start, err := d.NewTimingEvent()
 	require.NoError(t, err)
@@ -53,17 +32,17 @@ func TestTimingEvents(t *testing.T) {
 
 	s := d.DefaultStream()
 	require.NoError(t, d.Record(start, s))
-	tc.advance(1_250_000)
+	tc.Advance(1_250_000)
 	require.NoError(t, d.Record(end, s))
 	require.NoError(t, d.Record(plain, s))
 	el, err := d.Elapsed(start, end)
 	require.NoError(t, err)
 	assert.InDelta(t, 1.25e6, float64(el), 1e3)
 
-	tc.notReady(1)
+	tc.NotReady(1)
 	_, err = d.Elapsed(start, end)
 	assert.ErrorIs(t, err, device.ErrNotReady)
-	tc.failElapsed(int32(ErrorRTInternal))
+	tc.FailElapsed(int32(ErrorRTInternal))
 	_, err = d.Elapsed(start, end)
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, device.ErrNotReady)

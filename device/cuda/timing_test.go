@@ -1,35 +1,14 @@
 package cuda
 
 import (
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/chameleon-go/chameleon/device"
-	"github.com/chameleon-go/chameleon/internal/dl"
+	"github.com/chameleon-go/chameleon/device/internal/fakelib"
 )
-
-// timingCtl drives the fake's event clock and its elapsed-time faults.
-type timingCtl struct {
-	advance     func(ns int64)
-	notReady    func(n int32)
-	failElapsed func(code int32)
-}
-
-func openTimingCtl(t *testing.T, path string) *timingCtl {
-	t.Helper()
-	lib, err := dl.Open([]string{path}, os.ErrNotExist)
-	require.NoError(t, err)
-	c := &timingCtl{}
-	require.NoError(t, lib.Bind(
-		dl.Func{Ptr: &c.advance, Name: "fake_advance_clock"},
-		dl.Func{Ptr: &c.notReady, Name: "fake_elapsed_not_ready"},
-		dl.Func{Ptr: &c.failElapsed, Name: "fake_fail_next_elapsed"},
-	))
-	return c
-}
 
 // TestTimingEvents runs the timing path through the purego bindings:
 // timing events are created with timing on (flags 0, where NewEvent's have
@@ -38,7 +17,7 @@ func openTimingCtl(t *testing.T, path string) *timingCtl {
 func TestTimingEvents(t *testing.T) {
 	d, ctl := newFake(t)
 	defer d.Close()
-	tc := openTimingCtl(t, buildFake(t, "default"))
+	tc := fakelib.OpenTiming(t, buildFake(t, "default"))
 
 	start, err := d.NewTimingEvent()
 	require.NoError(t, err)
@@ -55,17 +34,17 @@ func TestTimingEvents(t *testing.T) {
 
 	s := d.DefaultStream()
 	require.NoError(t, d.Record(start, s))
-	tc.advance(2_500_000) // 2.5 ms of device time
+	tc.Advance(2_500_000) // 2.5 ms of device time
 	require.NoError(t, d.Record(end, s))
 	require.NoError(t, d.Record(plain, s))
 	el, err := d.Elapsed(start, end)
 	require.NoError(t, err)
 	assert.InDelta(t, 2.5e6, float64(el), 1e3, "2.5 ms, to the float's resolution")
 
-	tc.notReady(1)
+	tc.NotReady(1)
 	_, err = d.Elapsed(start, end)
 	assert.ErrorIs(t, err, device.ErrNotReady)
-	tc.failElapsed(999)
+	tc.FailElapsed(999)
 	_, err = d.Elapsed(start, end)
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, device.ErrNotReady)

@@ -294,29 +294,23 @@ func (d *Device) CopyD2D(dst, src device.DevPtr, n int64, s device.Stream) error
 }
 
 // NewEvent implements device.Device.
-func (d *Device) NewEvent() (device.Event, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return 0, fmt.Errorf("host: new event: %w", device.ErrClosed)
-	}
-	h := d.nextEvent
-	d.nextEvent++
-	d.events[h] = &event{}
-	return h, nil
-}
+func (d *Device) NewEvent() (device.Event, error) { return d.newEvent("new event", false) }
 
 // NewTimingEvent implements device.Device. Its records carry the stream's
 // modeled clock (see Elapsed).
-func (d *Device) NewTimingEvent() (device.Event, error) {
+func (d *Device) NewTimingEvent() (device.Event, error) { return d.newEvent("new timing event", true) }
+
+// newEvent makes an event, with the stream's modeled clock in its records
+// when timing.
+func (d *Device) newEvent(what string, timing bool) (device.Event, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return 0, fmt.Errorf("host: new timing event: %w", device.ErrClosed)
+		return 0, fmt.Errorf("host: %s: %w", what, device.ErrClosed)
 	}
 	h := d.nextEvent
 	d.nextEvent++
-	d.events[h] = &event{timing: true}
+	d.events[h] = &event{timing: timing}
 	return h, nil
 }
 

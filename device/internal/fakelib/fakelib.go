@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/chameleon-go/chameleon/internal/dl"
 )
 
 // Builder compiles C sources into shared libraries under a temporary
@@ -60,4 +62,33 @@ func (b *Builder) Build(t testing.TB, variant, src, rel string, flags ...string)
 	}
 	b.built[variant] = out
 	return out
+}
+
+// TimingCtl drives a fake library's event clock and its elapsed-time
+// faults (both fakes export the same three symbols).
+type TimingCtl struct {
+	// Advance moves the fake device's clock by ns nanoseconds.
+	Advance func(ns int64)
+	// NotReady makes the next n elapsed-time calls report "not complete".
+	NotReady func(n int32)
+	// FailElapsed makes the next elapsed-time call fail with code.
+	FailElapsed func(code int32)
+}
+
+// OpenTiming binds the timing controls of the fake library at path.
+func OpenTiming(t testing.TB, path string) *TimingCtl {
+	t.Helper()
+	lib, err := dl.Open([]string{path}, os.ErrNotExist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &TimingCtl{}
+	if err := lib.Bind(
+		dl.Func{Ptr: &c.Advance, Name: "fake_advance_clock"},
+		dl.Func{Ptr: &c.NotReady, Name: "fake_elapsed_not_ready"},
+		dl.Func{Ptr: &c.FailElapsed, Name: "fake_fail_next_elapsed"},
+	); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
