@@ -303,6 +303,20 @@ type picker struct {
 	mark    []int32                  // scratch: the trial that last touched each op
 	trialN  int32
 	moves   []move // scratch: a trial's recomputes moved earlier
+	span    bool   // the last trial changed its drop's gap alone (no delta)
+}
+
+// chains reports whether a chosen recompute of one of inputs is dropped
+// at op t: taking a recompute that reads them there moves it (chain).
+func (ps *picker) chains(inputs []trace.TensorID, t int) bool {
+	for _, id := range inputs {
+		for _, x := range ps.dropped[id] {
+			if d := ps.chosen[x]; t > d.Drop && t < d.Before {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // move is a chosen recompute, x, made earlier: before op to.
@@ -325,9 +339,20 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	if slices.ContainsFunc(c.Kept, func(k simulate.Kept) bool { return k.From >= c.Before }) {
 		c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
 	}
+	ps.moves = ps.moves[:0]
+	if ps.span = len(c.Kept) == 0 && !ps.chains(c.inputs, c.Before); ps.span {
+		// Alone: the drop's gap is all it changes, and a drop pushes no
+		// point over the limit.
+		gain := int64(0)
+		for _, r := range ps.rem[c.Drop+1 : c.Before] {
+			if r > 0 {
+				gain += min(r, c.Bytes)
+			}
+		}
+		return c, gain, gain > 0
+	}
 	ps.trialN++
 	ps.touched = ps.touched[:0]
-	ps.moves = ps.moves[:0]
 	ps.add(c.Drop+1, c.Before, -c.Bytes)
 	for _, k := range c.Kept {
 		ps.add(max(k.From, ps.held[k.Tensor]), c.Before, k.Bytes)
@@ -350,8 +375,14 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 
 // commit takes c, as the last trial worked it out.
 func (ps *picker) commit(c rcand) {
-	for _, t := range ps.touched {
-		ps.rem[t] += ps.delta[t]
+	if ps.span {
+		for t := c.Drop + 1; t < c.Before; t++ {
+			ps.rem[t] -= c.Bytes
+		}
+	} else {
+		for _, t := range ps.touched {
+			ps.rem[t] += ps.delta[t]
+		}
 	}
 	for _, m := range ps.moves {
 		d := &ps.chosen[m.x]
@@ -530,6 +561,21 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	var trials []trial
 	screen := cfg
 	screen.rounds = 1
+	try := func(picked []rcand) error {
+		pol, err := planWith(in, curve, screen, picked)
+		if err != nil {
+			if !errors.Is(err, ErrInfeasible) {
+				return err
+			}
+			bestErr = err
+			return nil
+		}
+		trials = append(trials, trial{picked, pol.Sim.IterationUS})
+		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
+			best = pol
+		}
+		return nil
+	}
 	prev := -1
 	for _, share := range recomputeBudgets {
 		k := 0
@@ -540,18 +586,32 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			continue // the same set as the budget before
 		}
 		prev = k
-		picked := pickPrefix(rcs, need, order[:k])
-		pol, err := planWith(in, curve, screen, picked)
-		if err != nil {
-			if !errors.Is(err, ErrInfeasible) {
+		if err := try(pickPrefix(rcs, need, order[:k])); err != nil {
+			return nil, err
+		}
+	}
+	// The budgets rank recomputes over the whole need, so they take the
+	// long gaps that swaps would hide for free as readily as the short
+	// ones swaps cannot. Ranked instead over the need less what the link
+	// could have copied out before each op and back after it, they leave
+	// the long gaps to the swaps up to the link's rate; every useful
+	// recompute of that ranking is tried, at shares of that rate.
+	if len(order) > 0 {
+		start := make([]float64, n+1)
+		for t, d := range in.OpTimes {
+			start[t+1] = start[t] + d
+		}
+		for _, share := range linkShares {
+			less := make([]int64, n)
+			for t := range n {
+				out := cfg.link.D2HShared * start[t] / 1e6
+				back := cfg.link.H2DShared * (start[n] - start[t+1]) / 1e6
+				less[t] = need[t] - int64(share*min(out, back))
+			}
+			o, _ := pickOrder(rcs, less)
+			if err := try(pickPrefix(rcs, less, o)); err != nil {
 				return nil, err
 			}
-			bestErr = err
-			continue
-		}
-		trials = append(trials, trial{picked, pol.Sim.IterationUS})
-		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
-			best = pol
 		}
 	}
 	// The rounds that adjust the swaps to the simulated copies run for the
@@ -584,6 +644,10 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	}
 	return best, nil
 }
+
+// linkShares are the shares of the link's rate left to swaps in the
+// rankings that leave long gaps to them (planHybrid).
+var linkShares = []float64{0.6, 0.8, 1}
 
 // refinedBudgets is how many budgets, the fastest after one round, get
 // every plan-simulate round.
