@@ -34,6 +34,13 @@ type life struct {
 }
 
 func (l life) meets(m life) bool {
+	if l.n == 1 && m.n == 1 {
+		return l.iv[0].from < m.iv[0].to && m.iv[0].from < l.iv[0].to
+	}
+	return l.meetsAny(m)
+}
+
+func (l life) meetsAny(m life) bool {
 	for _, x := range l.iv[:l.n] {
 		for _, y := range m.iv[:m.n] {
 			if x.from < y.to && y.from < x.to {
@@ -42,6 +49,32 @@ func (l life) meets(m life) bool {
 		}
 	}
 	return false
+}
+
+// hull is the smallest span that holds the life.
+func (l life) hull() (int32, int32) {
+	lo, hi := l.iv[0].from, l.iv[0].to
+	if l.n > 1 {
+		lo, hi = min(lo, l.iv[1].from), max(hi, l.iv[1].to)
+	}
+	return lo, hi
+}
+
+// placedSet is placed blocks by address, a column each, so that the scan
+// for the blocks a life meets reads the hulls alone.
+type placedSet struct {
+	addr, end []uintptr
+	lo, hi    []int32 // the life's hull
+	life      []life
+}
+
+func (s *placedSet) insert(k int, p placed) {
+	lo, hi := p.life.hull()
+	s.addr = slices.Insert(s.addr, k, p.addr)
+	s.end = slices.Insert(s.end, k, p.addr+uintptr(p.size))
+	s.lo = slices.Insert(s.lo, k, lo)
+	s.hi = slices.Insert(s.hi, k, hi)
+	s.life = slices.Insert(s.life, k, p.life)
 }
 
 // placed is a block at a fixed address with its life.
@@ -87,8 +120,12 @@ func packBlocks(segs []placed, fixed []placed, items []placeItem, page int64) []
 func packOrder(segs []placed, fixed []placed, items []placeItem, page int64, order []int) ([]uintptr, *touched) {
 	out := make([]uintptr, len(items))
 	// byAddr holds what is placed so far, by address.
-	byAddr := slices.Clone(fixed)
-	slices.SortFunc(byAddr, func(x, y placed) int { return cmp.Compare(x.addr, y.addr) })
+	var byAddr placedSet
+	fixed = slices.Clone(fixed)
+	slices.SortFunc(fixed, func(x, y placed) int { return cmp.Compare(x.addr, y.addr) })
+	for _, f := range fixed {
+		byAddr.insert(len(byAddr.addr), f)
+	}
 	segs = slices.Clone(segs)
 	slices.SortFunc(segs, func(x, y placed) int { return cmp.Compare(x.addr, y.addr) })
 	tp := newTouched(segs, page)
@@ -97,12 +134,13 @@ func packOrder(segs []placed, fixed []placed, items []placeItem, page int64, ord
 	}
 	for _, i := range order {
 		it := &items[i]
+		lo, hi := it.life.hull()
 		best, bestGap, bestNew := uintptr(0), int64(-1), 0
 		j := 0
 		for si, sg := range segs {
 			end := sg.addr + uintptr(sg.size)
 			cur := sg.addr
-			for j < len(byAddr) && byAddr[j].addr < sg.addr {
+			for j < len(byAddr.addr) && byAddr.addr[j] < sg.addr {
 				j++
 			}
 			consider := func(gapEnd uintptr) {
@@ -125,13 +163,15 @@ func packOrder(segs []placed, fixed []placed, items []placeItem, page int64, ord
 					best, bestGap, bestNew = at, g, fresh
 				}
 			}
-			for ; j < len(byAddr) && byAddr[j].addr < end; j++ {
-				p := &byAddr[j]
-				if !p.life.meets(it.life) {
+			for ; j < len(byAddr.addr) && byAddr.addr[j] < end; j++ {
+				// The hulls first: most lives are one interval, and most
+				// pairs do not meet.
+				if byAddr.lo[j] >= hi || lo >= byAddr.hi[j] ||
+					((it.life.n > 1 || byAddr.life[j].n > 1) && !byAddr.life[j].meets(it.life)) {
 					continue
 				}
-				consider(p.addr)
-				cur = max(cur, p.addr+uintptr(p.size))
+				consider(byAddr.addr[j])
+				cur = max(cur, byAddr.end[j])
 			}
 			consider(end)
 		}
@@ -140,8 +180,8 @@ func packOrder(segs []placed, fixed []placed, items []placeItem, page int64, ord
 		}
 		out[i] = best
 		tp.touch(best, it.size)
-		k, _ := slices.BinarySearchFunc(byAddr, best, func(x placed, a uintptr) int { return cmp.Compare(x.addr, a) })
-		byAddr = slices.Insert(byAddr, k, placed{addr: best, size: it.size, life: it.life})
+		k, _ := slices.BinarySearch(byAddr.addr, best)
+		byAddr.insert(k, placed{addr: best, size: it.size, life: it.life})
 	}
 	return out, tp
 }

@@ -186,6 +186,48 @@ func TestRepeatKeepsPlacesWhenAStepChanges(t *testing.T) {
 	assert.Equal(t, int64(1), st[reps-1].Placements, "a few misses do not plan again")
 }
 
+// TestRepeatSmallOutlivedBlock: one repetition keeps its last, small
+// block for good. Less than a page outlives the plan, so the allocator
+// does not plan again at once (a plan costs host time at the boundary):
+// the block loses its planned place. Held where the next repetition's
+// blocks go, it displaces more than a few of them, so after that
+// repetition the allocator plans again, once, and places every block.
+func TestRepeatSmallOutlivedBlock(t *testing.T) {
+	const page, limit = 4 << 10, 512 * 4 << 10
+	// Four training steps in one repetition: enough requests that the
+	// few the held block displaces stay under the share of misses that
+	// plans again.
+	r := rand.New(rand.NewPCG(3, 5))
+	var step []stepEvent
+	for k := range 4 {
+		for _, e := range trainingStep(r, page, limit) {
+			step = append(step, stepEvent{id: e.id + k<<16, tick: e.tick + len(step), size: e.size})
+		}
+	}
+	// A last small block, freed at the end, except at rep odd, which
+	// never frees it.
+	const held = 1 << 30
+	end := len(step)
+	step = append(step, stepEvent{id: held, tick: end, size: 3000}, stepEvent{id: held, tick: end})
+	requests := requestsOf(step)
+	const reps, odd = 7, 3
+	change := func(rep int, ev []stepEvent) []stepEvent {
+		if rep != odd {
+			return ev
+		}
+		return ev[:len(ev)-1]
+	}
+	st := runSteps(t, step, page, limit, reps, true, change)
+	for i := 1; i < reps; i++ {
+		t.Logf("rep %d: placed %d missed %d plans %d", i, st[i].Placed-st[i-1].Placed, st[i].Missed-st[i-1].Missed, st[i].Placements)
+	}
+	assert.Equal(t, int64(1), st[odd].Placements, "a small block outliving its repetition does not plan again at once")
+	assert.Positive(t, st[odd+1].Missed-st[odd].Missed, "the held block displaces some of the next repetition's")
+	assert.Equal(t, int64(2), st[reps-1].Placements, "which plans again, once")
+	assert.Equal(t, requests, st[reps-1].Placed-st[reps-2].Placed, "every block placed again")
+	assert.Zero(t, st[reps-1].Missed-st[reps-2].Missed)
+}
+
 // TestRepeatKeepsBestFitUnstrained: repetitions that best fit serves with
 // no page moved, no host wait and no request refused are left to it.
 func TestRepeatKeepsBestFitUnstrained(t *testing.T) {

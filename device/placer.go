@@ -35,7 +35,8 @@ type placer struct {
 	// The pool's pages mapped, host waits and refused requests when the
 	// repetition began.
 	movedAt, waitsAt, failsAt int64
-	bad                       int // repetitions in a row that missed too many places
+	bad                       int  // repetitions in a row that missed too many places
+	heldOver                  bool // the last repetition's small outlived blocks did not plan again (outlived)
 	// outlives are the requests (by key) seen in use at the end of a
 	// repetition: each gets places of its own, taken in turn, whatever
 	// the repetition a plan is made from did with it.
@@ -72,6 +73,10 @@ type placeSpot struct {
 	// inRep: the plan has the block freed within the repetition.
 	inRep bool
 }
+
+// outlivedMin is the fewest bytes of blocks outliving a repetition, or a
+// page where pages are mapped, that make the allocator plan again.
+const outlivedMin = 1 << 20
 
 // maxReplans bounds how often one run of repetitions is planned again
 // because its blocks missed their places.
@@ -152,10 +157,15 @@ func (a *Allocator) Repeat(same bool) {
 		pl.bad = 0
 		p.unplan()
 	}
-	outlived := pl.placing && pl.outlived()
+	held := pl.heldOver
+	pl.heldOver = false
+	outlived := pl.placing && pl.outlived(max(p.page, outlivedMin))
+	// Blocks left to outlive the plan that displaced more than a few of
+	// the next repetition's: plan again after all.
+	displaced := held && pl.placing && pl.missed*missedShare > len(pl.recs)
 	switch {
 	case !same || len(pl.recs) == 0 || pl.gaveUp:
-	case pl.placing && pl.missed*giveUpShare > pl.placed+pl.missed:
+	case pl.placing && pl.missed*giveUpShare > pl.placed+pl.missed && !displaced:
 		// One such repetition may be an odd one out (a first step that
 		// does more); two in a row, the sequence does not recur closely
 		// enough (an MoE step routes other tokens each time), and best
@@ -170,7 +180,7 @@ func (a *Allocator) Repeat(same bool) {
 		// Best fit served the repetition with no page moved, no host
 		// wait and no request refused: it stays, for a block it hands out
 		// is one no copy still uses, where a planned one may be.
-	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || outlived) && pl.replans < maxReplans):
+	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || outlived || displaced) && pl.replans < maxReplans):
 		if pl.placing {
 			pl.replans++
 		}
@@ -263,9 +273,14 @@ func (p *pool) strained() bool {
 
 // outlived notes the requests of the repetition that just ended still in
 // use at its end that the plan had freed within it, and reports whether
-// there were any: their blocks sit on places the plan gave others.
-func (pl *placer) outlived() bool {
-	any := false
+// they hold at least min bytes: their blocks sit on places the plan gave
+// others, worth a new plan. Fewer bytes than that (a scalar or two kept
+// for the next step) are not: those requests lose their planned places,
+// and the next repetition plans again only if more than one in
+// missedShare of its requests missed theirs.
+func (pl *placer) outlived(min int64) bool {
+	var bytes int64
+	var keys []int32
 	for _, r := range pl.recs {
 		if r.freed || pl.outlives[r.key] {
 			continue
@@ -275,10 +290,18 @@ func (pl *placer) outlived() bool {
 				pl.outlives = map[uint64]bool{}
 			}
 			pl.outlives[r.key] = true
-			any = true
+			bytes += r.size
+			keys = append(keys, k)
 		}
 	}
-	return any
+	if bytes > 0 && bytes < min {
+		for _, k := range keys {
+			pl.plan[k].addr, pl.plan[k].alt = 0, 0
+		}
+		pl.heldOver = true
+		return false
+	}
+	return bytes > 0
 }
 
 // spot is where the next request of a placing repetition goes, if

@@ -136,6 +136,9 @@ type IterationReport struct {
 	// timed replay): a step whose IssuedMS is near its MeasuredMS is bound
 	// by the host, not by the device.
 	IssuedMS float64 `json:"issued_ms,omitempty"`
+	// BeginMS is the host's time in Begin (a timed replay): where the
+	// Engine looks up its policy and the allocator plans placement.
+	BeginMS float64 `json:"begin_ms,omitempty"`
 	// HostWaits and Maps are the allocator's host waits and page mappings
 	// during the iteration (Engine Stats): both 0 once a policy runs.
 	HostWaits int64 `json:"host_waits"`
@@ -508,6 +511,10 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		start = time.Now()
 	}
 	x := e.Begin()
+	var begun float64
+	if r.timing != nil {
+		begun = float64(time.Since(start)) / 1e6
+	}
 	seen := make(map[trace.TensorID]bool, len(it.Tensors))
 	var ok []bool
 	if r.recompute {
@@ -617,7 +624,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS, Held: held}
 	if r.timing != nil {
 		ir.OpTimes, ir.KernelMS, ir.UnlimitedMS, ir.MeasuredMS = r.bases[k], sum(r.times[k])/1000, r.unlimited[k], measured
-		ir.IssuedMS = issued
+		ir.IssuedMS, ir.BeginMS = issued, begun
 	}
 	if tl {
 		st, err := r.timing.Timeline.Stamps(len(it.Ops))
