@@ -3,6 +3,7 @@ package chameleon
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/chameleon-go/chameleon/device"
 )
@@ -23,7 +24,11 @@ const (
 
 // allocate gets device memory for stream s, swapping out idle tensors
 // (see victims) while no free block fits.
+//
+// A victim the pinned pool has no buffer for (a host budget, a pool too
+// split for it) stays and the choice is made again without it.
 func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
+	var noHost []*Tensor
 	for {
 		ptr, err := e.alloc.Alloc(size, s)
 		if err == nil {
@@ -32,7 +37,7 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 		if !errors.Is(err, device.ErrOutOfMemory) {
 			return 0, err
 		}
-		vs := e.victims(size)
+		vs := e.victims(size, noHost)
 		if len(vs) == 0 {
 			st := e.alloc.Stats()
 			var pinned int64
@@ -41,11 +46,15 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 					pinned += t.size
 				}
 			}
-			return 0, fmt.Errorf("%w: %d bytes wanted; %d of %d in use by tensors the current op needs or that cannot move (the op's own: %d bytes; largest free block %d)",
-				ErrOutOfMemory, size, st.Allocated, st.Reserved, pinned, st.LargestFree)
+			return 0, fmt.Errorf("%w: %d bytes wanted; %d of %d in use by tensors the current op needs or that cannot move (the op's own: %d bytes; largest free block %d; %d tensors with no pinned buffer to go to)",
+				ErrOutOfMemory, size, st.Allocated, st.Reserved, pinned, st.LargestFree, len(noHost))
 		}
 		for _, v := range vs {
 			if err := e.swapOut(v); err != nil {
+				if v.state == resident && errors.Is(err, device.ErrOutOfMemory) {
+					noHost = append(noHost, v) // nothing queued: it stays
+					continue
+				}
 				return 0, err
 			}
 			e.stats.Evictions++
@@ -59,23 +68,34 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 	}
 }
 
+// evictCost is what evicting t costs, in bytes: its bytes, and at least a
+// page of the mapped allocator (page; 0 for segments). A tensor smaller
+// than a page costs a copy out and, when it is needed, a copy back like a
+// page's, so the window that frees a page with one tensor wins over one
+// with fifty tiny ones (scalars, router weights), each of which would come
+// back on demand.
+func evictCost(t *Tensor, page int64) int64 { return max(t.size, page) }
+
 // victims picks the tensors to swap out when an allocation of want bytes
 // fails. Enough free bytes are not enough: the request needs one free run
 // of addresses, which only the allocator can see (its segments, free blocks
 // and rounding), so it chooses the window: the run of resident tensors,
 // none pinned by the current op, whose removal joins the free gaps around
-// them into a block of at least want bytes, with the fewest bytes to move;
-// among equal windows the least recently used. Persistent tensors qualify
+// them into a block of at least want bytes, with the fewest bytes to move
+// (each tensor counting at least a page, evictCost); among equal windows the least
+// recently used. Persistent tensors qualify
 // too: optimizer state sits idle through forward and backward, and moving
 // it is what lets a tight limit hold an op's working set. No window means
 // no eviction can make the request fit.
-func (e *Engine) victims(want int64) []*Tensor {
+func (e *Engine) victims(want int64, noHost []*Tensor) []*Tensor {
 	res := e.scratch[:0]
 	blocks := e.blocks[:0]
+	page := e.alloc.Stats().PageSize
 	for _, t := range e.live {
 		if t.state != swapped && t.state != dropped {
 			res = append(res, t)
-			blocks = append(blocks, device.Resident{Ptr: t.ptr, Movable: t.pin != e.serial, Cost: t.size, Age: t.lastUse})
+			movable := t.pin != e.serial && !slices.Contains(noHost, t)
+			blocks = append(blocks, device.Resident{Ptr: t.ptr, Movable: movable, Cost: evictCost(t, page), Age: t.lastUse})
 		}
 	}
 	e.scratch, e.blocks = res, blocks

@@ -69,19 +69,27 @@ func TestStableRunsThePlanAlone(t *testing.T) {
 
 // TestStableOnMixtureOfExperts: routing changes every expert's sizes each
 // step; the policy's tensors still match by call site and ordinal, and at
-// most 5% of the planned swaps need a copy back at the use.
+// most 5% of the planned swaps need a copy back at the use. At 70% the
+// swaps of expert tensors smaller than planned leave a page or so short
+// some steps, and the eviction that makes room takes one tensor where
+// fifty tiny ones (each back on demand) would cost fewer bytes.
 func TestStableOnMixtureOfExperts(t *testing.T) {
-	rep := replayAt(t, "mixtral8-eager-bf16.jsonl.gz", 0.8, 2048)
-	var planned, onDemand int64
-	for _, x := range rep.PerIteration {
-		if x.Stage == "STABLE" {
-			planned += x.PlannedSwaps
-			onDemand += x.OnDemandSwapIns
+	for _, c := range []struct {
+		pct   float64
+		scale int64
+	}{{0.8, 2048}, {0.7, 1024}} {
+		rep := replayAt(t, "mixtral8-eager-bf16.jsonl.gz", c.pct, c.scale)
+		var planned, onDemand int64
+		for _, x := range rep.PerIteration {
+			if x.Stage == "STABLE" {
+				planned += x.PlannedSwaps
+				onDemand += x.OnDemandSwapIns
+			}
 		}
+		require.Positive(t, planned)
+		t.Logf("%.0f%%, scale 1/%d: STABLE: %d planned swaps, %d on-demand swap-ins", 100*c.pct, c.scale, planned, onDemand)
+		assert.LessOrEqual(t, float64(onDemand), 0.05*float64(planned), "%.0f%%", 100*c.pct)
 	}
-	require.Positive(t, planned)
-	t.Logf("STABLE: %d planned swaps, %d on-demand swap-ins", planned, onDemand)
-	assert.LessOrEqual(t, float64(onDemand), 0.05*float64(planned))
 }
 
 // TestLimitUnderAnOpsWorkingSetIsRefused: llama16-bf16-ckpt's fused AdamW
