@@ -68,13 +68,23 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 	}
 }
 
-// evictCost is what evicting t costs, in bytes: its bytes, and at least a
-// page of the mapped allocator (page; 0 for segments). A tensor smaller
-// than a page costs a copy out and, when it is needed, a copy back like a
-// page's, so the window that frees a page with one tensor wins over one
-// with fifty tiny ones (scalars, router weights), each of which would come
-// back on demand.
-func evictCost(t *Tensor, page int64) int64 { return max(t.size, page) }
+// evictCost is what evicting t costs, in bytes: its bytes, and for the
+// copy itself what the H200's link moves in the ~10 µs of a copy's launch
+// and events (evictCopy), or a page of the mapped allocator (page; 0 for
+// segments) if more: a tensor costs a copy out and, when it is needed, a
+// copy back whatever its size. So the window that frees a page with one
+// tensor wins over one with fifty tiny ones (scalars, router weights),
+// each of which would come back on demand. Under a host budget pinned
+// bytes are what runs out, and a copy costs only its page.
+func evictCost(t *Tensor, page int64, budgeted bool) int64 {
+	if budgeted {
+		return max(t.size, page)
+	}
+	return t.size + max(evictCopy, page)
+}
+
+// evictCopy is the bytes the link moves in a copy's fixed cost.
+const evictCopy = 512 << 10
 
 // victims picks the tensors to swap out when an allocation of want bytes
 // fails. Enough free bytes are not enough: the request needs one free run
@@ -82,7 +92,7 @@ func evictCost(t *Tensor, page int64) int64 { return max(t.size, page) }
 // and rounding), so it chooses the window: the run of resident tensors,
 // none pinned by the current op, whose removal joins the free gaps around
 // them into a block of at least want bytes, with the fewest bytes to move
-// (each tensor counting at least a page, evictCost); among equal windows the least
+// (each tensor counting a copy's fixed cost, evictCost); among equal windows the least
 // recently used. Persistent tensors qualify
 // too: optimizer state sits idle through forward and backward, and moving
 // it is what lets a tight limit hold an op's working set. No window means
@@ -90,12 +100,12 @@ func evictCost(t *Tensor, page int64) int64 { return max(t.size, page) }
 func (e *Engine) victims(want int64, noHost []*Tensor) []*Tensor {
 	res := e.scratch[:0]
 	blocks := e.blocks[:0]
-	page := e.alloc.Stats().PageSize
+	page, budgeted := e.alloc.Stats().PageSize, e.cfg.ranks.hostShare() > 0
 	for _, t := range e.live {
 		if t.state != swapped && t.state != dropped {
 			res = append(res, t)
 			movable := t.pin != e.serial && !slices.Contains(noHost, t)
-			blocks = append(blocks, device.Resident{Ptr: t.ptr, Movable: movable, Cost: evictCost(t, page), Age: t.lastUse})
+			blocks = append(blocks, device.Resident{Ptr: t.ptr, Movable: movable, Cost: evictCost(t, page, budgeted), Age: t.lastUse})
 		}
 	}
 	e.scratch, e.blocks = res, blocks

@@ -112,24 +112,37 @@ func TestLimitUnderAnOpsWorkingSetIsRefused(t *testing.T) {
 }
 
 // TestDecodeStaysStableAsTheCacheGrows: a prefill, then 48 decode steps
-// whose KV cache grows a position a step, at half the peak: the weights
-// stream in every step and leave with no copy out (frozen: Fill gave
-// their one copy), the policy is planned again when the growing cache
-// outgrows it rather than left to forced evictions, and most steps run
-// STABLE with on-demand swap-ins at most 5% of the planned swaps.
+// whose KV cache grows a position a step: the weights stream in every step
+// and leave with no copy out (frozen: Fill gave their one copy), most steps
+// run STABLE with on-demand swap-ins at most 5% of the planned swaps, and
+// no STABLE step is left to more forced evictions than a twentieth of its
+// planned swaps: past that the policy is outgrown and planned again. At
+// 45% of the peak the growing cache outgrows the first policy; at 50% the
+// two evictions the first policy's steps need stay under that share.
 func TestDecodeStaysStableAsTheCacheGrows(t *testing.T) {
-	rep := replayAt(t, "llama7b-8l-decode.jsonl.gz", 0.5, 1024)
-	good := 0
-	for _, x := range rep.PerIteration {
-		if x.Stage == "STABLE" && x.PlannedSwaps > 0 && float64(x.OnDemandSwapIns) <= 0.05*float64(x.PlannedSwaps) {
-			good++
+	for _, c := range []struct {
+		pct      float64
+		outgrows bool
+	}{{0.5, false}, {0.45, true}} {
+		rep := replayAt(t, "llama7b-8l-decode.jsonl.gz", c.pct, 1024)
+		good := 0
+		for _, x := range rep.PerIteration {
+			if x.Stage != "STABLE" {
+				continue
+			}
+			assert.LessOrEqual(t, x.Evictions, x.PlannedSwaps/20, "%.0f%%: round %d iteration %d", 100*c.pct, x.Round, x.Iter)
+			if x.PlannedSwaps > 0 && float64(x.OnDemandSwapIns) <= 0.05*float64(x.PlannedSwaps) {
+				good++
+			}
 		}
+		t.Logf("%.0f%%: %d of %d steps STABLE within 5%% on demand; replans %d, outgrown %d; kept %d (%d bytes), copied out %d bytes",
+			100*c.pct, good, len(rep.PerIteration), rep.Replans, rep.Outgrown, rep.Stats.KeptEvictions, rep.Stats.KeptBytes, rep.Stats.SwappedOutBytes)
+		assert.GreaterOrEqual(t, good, 24, "at least half the 48 decode steps")
+		if c.outgrows {
+			assert.Positive(t, rep.Outgrown, "%.0f%%: the growing cache outgrew a policy, which was planned again", 100*c.pct)
+		}
+		assert.Greater(t, rep.Stats.KeptBytes, 4*rep.Stats.SwappedOutBytes, "the weights leave with no copy out")
 	}
-	t.Logf("%d of %d steps STABLE within 5%% on demand; replans %d, outgrown %d; kept %d (%d bytes), copied out %d bytes",
-		good, len(rep.PerIteration), rep.Replans, rep.Outgrown, rep.Stats.KeptEvictions, rep.Stats.KeptBytes, rep.Stats.SwappedOutBytes)
-	assert.GreaterOrEqual(t, good, 24, "at least half the 48 decode steps")
-	assert.Positive(t, rep.Outgrown, "the growing cache outgrew a policy, which was planned again")
-	assert.Greater(t, rep.Stats.KeptBytes, 4*rep.Stats.SwappedOutBytes, "the weights leave with no copy out")
 }
 
 // TestLoRAFrozenWeightsLeaveWithNoCopy: the base weights of a LoRA
