@@ -51,8 +51,8 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 		}
 		for _, v := range vs {
 			if err := e.swapOut(v); err != nil {
-				if v.state == resident && errors.Is(err, device.ErrOutOfMemory) {
-					noHost = append(noHost, v) // nothing queued: it stays
+				if errors.Is(err, errNoPinned) {
+					noHost = append(noHost, v) // no copy queued: it stays
 					continue
 				}
 				return 0, err
@@ -121,6 +121,10 @@ func (e *Engine) victims(want int64, noHost []*Tensor) []*Tensor {
 	return vs
 }
 
+// errNoPinned is a swap-out's failure to get a pinned buffer: nothing was
+// copied, and the tensor stays where it was.
+var errNoPinned = errors.New("no pinned buffer")
+
 // swapOut copies t to pinned host memory on the d2h stream after the
 // compute stream's work so far, and frees its device memory behind the copy.
 func (e *Engine) swapOut(t *Tensor) error { return e.swapOutFrom(t, -1) }
@@ -150,7 +154,7 @@ func (e *Engine) swapOutFrom(t *Tensor, from int) error {
 	}
 	buf, err := e.hostBuf(t)
 	if err != nil {
-		return fmt.Errorf("chameleon: pinned buffer for tensor %d (%d bytes): %w", t.id, t.size, err)
+		return fmt.Errorf("chameleon: %w for tensor %d (%d bytes): %w", errNoPinned, t.id, t.size, err)
 	}
 	// On a fault the tensor stays on the device and the buffer goes back:
 	// at once when nothing was queued, behind the copy when it was.
