@@ -441,6 +441,7 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 	var chosen []simulate.Swap
 	var picked []int
 	used := make([]bool, len(cands))
+	pos := make([]int, n+1)
 	for {
 		var left int
 		for _, v := range short {
@@ -466,17 +467,21 @@ func (p *planner) wrapping(m *memory.Model, cs []Candidate) []simulate.Swap {
 			}
 			continue
 		}
+		// pos[t]: the points short among the first t. A swap covers the
+		// ops before In and from Free on (all of them when Free <= In).
+		for t := range n {
+			pos[t+1] = pos[t]
+			if short[t] > 0 {
+				pos[t+1]++
+			}
+		}
 		best, bestScore := -1, 0.0
 		for x, w := range cands {
 			if used[x] {
 				continue
 			}
-			cnt := 0
-			for t := range n {
-				if short[t] > 0 && covers(w, t) {
-					cnt++
-				}
-			}
+			in := min(max(w.In, 0), n)
+			cnt := pos[in] + pos[n] - pos[max(min(w.Free, n), in)]
 			if cnt == 0 {
 				continue
 			}

@@ -221,7 +221,7 @@ func pickRecomputes(rcs []rcand, need []int64, budget float64) []rcand {
 
 func newPicker(need []int64) *picker {
 	return &picker{rem: slices.Clone(need), readers: map[trace.TensorID][]int{}, held: map[trace.TensorID]int{},
-		dropped: map[trace.TensorID][]int{}, delta: make([]int64, len(need)), mark: make([]int32, len(need))}
+		dropped: map[trace.TensorID][]int{}}
 }
 
 // pickOrder runs the selection with no budget: the candidates taken, in
@@ -298,12 +298,17 @@ type picker struct {
 	dropped map[trace.TensorID][]int // chosen indices, per tensor
 	readers map[trace.TensorID][]int // ops before which a chosen recompute reads the tensor
 	held    map[trace.TensorID]int   // kept inputs: held up to this op
-	delta   []int64                  // scratch: a trial's change to rem, per op
-	touched []int                    // scratch: the ops delta changes
-	mark    []int32                  // scratch: the trial that last touched each op
-	trialN  int32
-	moves   []move // scratch: a trial's recomputes moved earlier
-	span    bool   // the last trial changed its drop's gap alone (no delta)
+	// Scratch of a trial: its change to rem, as bytes over ranges of ops,
+	// the ends of the ranges, and its recomputes moved earlier.
+	ranges []opRange
+	ends   []int
+	moves  []move
+}
+
+// opRange is b bytes over the ops [lo, hi).
+type opRange struct {
+	lo, hi int
+	b      int64
 }
 
 // chains reports whether a chosen recompute of one of inputs is dropped
@@ -325,7 +330,7 @@ type move struct{ x, to int }
 // trial works out what taking c would do, with its chain: c as it would
 // be taken, the bytes times ops over the limit it relieves, and whether
 // it pays (relieves some and pushes no point over the limit). The change
-// stays in the scratch (delta, touched, moves) for commit.
+// stays in the scratch (ranges, moves) for commit.
 func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	// Dropped only up to its first reader.
 	for _, t := range ps.readers[c.Tensor] {
@@ -339,8 +344,9 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	if slices.ContainsFunc(c.Kept, func(k simulate.Kept) bool { return k.From >= c.Before }) {
 		c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
 	}
-	ps.moves = ps.moves[:0]
-	if ps.span = len(c.Kept) == 0 && !ps.chains(c.inputs, c.Before); ps.span {
+	ps.moves, ps.ranges = ps.moves[:0], ps.ranges[:0]
+	ps.add(c.Drop+1, c.Before, -c.Bytes)
+	if len(c.Kept) == 0 && !ps.chains(c.inputs, c.Before) {
 		// Alone: the drop's gap is all it changes, and a drop pushes no
 		// point over the limit.
 		gain := int64(0)
@@ -351,9 +357,6 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 		}
 		return c, gain, gain > 0
 	}
-	ps.trialN++
-	ps.touched = ps.touched[:0]
-	ps.add(c.Drop+1, c.Before, -c.Bytes)
 	for _, k := range c.Kept {
 		ps.add(max(k.From, ps.held[k.Tensor]), c.Before, k.Bytes)
 	}
@@ -361,27 +364,39 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	if ps.strands() {
 		return c, 0, false
 	}
+	// The change is constant between the ranges' ends: sum it piece by
+	// piece.
+	ps.ends = ps.ends[:0]
+	for _, r := range ps.ranges {
+		ps.ends = append(ps.ends, r.lo, r.hi)
+	}
+	slices.Sort(ps.ends)
+	ps.ends = slices.Compact(ps.ends)
 	gain := int64(0)
-	for _, t := range ps.touched {
-		d := ps.delta[t]
-		before, after := max(ps.rem[t], 0), max(ps.rem[t]+d, 0)
-		if after > 0 && before == 0 {
-			return c, 0, false
+	for e := 1; e < len(ps.ends); e++ {
+		lo, hi := ps.ends[e-1], ps.ends[e]
+		var d int64
+		for _, r := range ps.ranges {
+			if r.lo <= lo && hi <= r.hi {
+				d += r.b
+			}
 		}
-		gain += before - after
+		for _, r := range ps.rem[lo:hi] {
+			before, after := max(r, 0), max(r+d, 0)
+			if after > 0 && before == 0 {
+				return c, 0, false
+			}
+			gain += before - after
+		}
 	}
 	return c, gain, gain > 0
 }
 
 // commit takes c, as the last trial worked it out.
 func (ps *picker) commit(c rcand) {
-	if ps.span {
-		for t := c.Drop + 1; t < c.Before; t++ {
-			ps.rem[t] -= c.Bytes
-		}
-	} else {
-		for _, t := range ps.touched {
-			ps.rem[t] += ps.delta[t]
+	for _, r := range ps.ranges {
+		for t := r.lo; t < r.hi; t++ {
+			ps.rem[t] += r.b
 		}
 	}
 	for _, m := range ps.moves {
@@ -403,14 +418,10 @@ func (ps *picker) commit(c rcand) {
 	}
 }
 
-// add changes the trial's delta by b over the ops [lo, hi).
+// add changes the trial's rem by b over the ops [lo, hi).
 func (ps *picker) add(lo, hi int, b int64) {
-	for t := lo; t < hi; t++ {
-		if ps.mark[t] != ps.trialN {
-			ps.mark[t], ps.delta[t] = ps.trialN, 0
-			ps.touched = append(ps.touched, t)
-		}
-		ps.delta[t] += b
+	if lo < hi {
+		ps.ranges = append(ps.ranges, opRange{lo, hi, b})
 	}
 }
 
