@@ -570,6 +570,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 		first  float64 // the iteration after one plan-simulate round
 	}
 	var trials []trial
+	var bestPicked []rcand
 	screen := cfg
 	screen.rounds = 1
 	try := func(picked []rcand) error {
@@ -583,7 +584,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 		}
 		trials = append(trials, trial{picked, pol.Sim.IterationUS})
 		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
-			best = pol
+			best, bestPicked = pol, picked
 		}
 		return nil
 	}
@@ -647,13 +648,107 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			return nil, err // the first round met the limit: so do the rest
 		}
 		if pol.Sim.IterationUS < best.Sim.IterationUS {
-			best = pol
+			best, bestPicked = pol, tr.picked
 		}
 	}
 	if best == nil {
 		return nil, bestErr
 	}
+	// Where the best policy still waits, it waits for copies: recompute
+	// more of what is on the device there instead, the cheapest per byte
+	// first, as many bytes as the link moves in the wait, while that makes
+	// the iteration faster.
+	// Each round is screened (one plan-simulate round, against the same
+	// for the best set), and the set the rounds end with gets every round.
+	if best.Sim.StallUS < stallFloor*base {
+		return best, nil
+	}
+	cur, sim := bestPicked, best.Sim
+	var curUS float64
+	for r := range stallRounds {
+		more := addAtStall(rcs, need, cur, sim, cfg.link.D2HShared)
+		if more == nil {
+			break
+		}
+		if r == 0 {
+			pol, err := planWith(in, curve, screen, cur)
+			if err != nil {
+				break
+			}
+			curUS = pol.Sim.IterationUS
+		}
+		pol, err := planWith(in, curve, screen, more)
+		if err != nil || pol.Sim.IterationUS >= curUS {
+			break
+		}
+		cur, sim, curUS = more, pol.Sim, pol.Sim.IterationUS
+	}
+	if len(cur) != len(bestPicked) {
+		if pol, err := planWith(in, curve, cfg, cur); err == nil && pol.Sim.IterationUS < best.Sim.IterationUS {
+			best = pol
+		}
+	}
 	return best, nil
+}
+
+// stallFloor: a best policy that waits less than this share of the
+// iteration's compute time is not refined (addAtStall).
+const stallFloor = 0.005
+
+// stallRounds bounds planHybrid's rounds that recompute more where the
+// best policy waits.
+const stallRounds = 4
+
+// addAtStall is picked with recomputes of rcs added over the op where sim
+// waits longest, the cheapest per byte first, until they drop the bytes a
+// link of rate bytes per second moves in that wait; nil when there is no
+// wait or nothing to add.
+func addAtStall(rcs []rcand, need []int64, picked []rcand, sim *simulate.Result, rate float64) []rcand {
+	w, wait := -1, 0.0
+	for t, op := range sim.Ops {
+		if op.Stall > wait {
+			w, wait = t, op.Stall
+		}
+	}
+	if w < 0 {
+		return nil
+	}
+	type gap struct {
+		id   trace.TensorID
+		drop int
+	}
+	have := make(map[gap]bool, len(picked))
+	ps := newPicker(need)
+	for _, c := range picked {
+		have[gap{c.Tensor, c.Drop}] = true
+		if c2, _, ok := ps.trial(c); ok {
+			ps.commit(c2)
+		}
+	}
+	var at []int
+	for x, c := range rcs {
+		if !have[gap{c.Tensor, c.Drop}] && c.Drop < w && c.Before > w {
+			at = append(at, x)
+		}
+	}
+	slices.SortStableFunc(at, func(a, b int) int {
+		return cmp.Compare(rcs[a].cost/float64(rcs[a].net), rcs[b].cost/float64(rcs[b].net))
+	})
+	want := int64(wait / 1e6 * rate)
+	var got int64
+	for _, x := range at {
+		if got >= want {
+			break
+		}
+		if c, _, ok := ps.trial(rcs[x]); ok {
+			ps.commit(c)
+			got += c.Bytes
+		}
+	}
+	if got == 0 {
+		return nil
+	}
+	return ps.chosen
 }
 
 // linkShares are the shares of the link's rate left to swaps in the

@@ -585,7 +585,9 @@ not planned. Ranked over the whole need, the recomputes take the long gaps, whic
 free, as readily as the short ones swaps cannot; so three more rankings run over the need less
 what the link could have copied out before each op and back after it (at 60%, 80% and 100% of the
 link's rate), each taking every useful recompute of its order, and they join the budgets in the
-screen. Swaps across the iteration boundary (optimizer state) have their copies back timed as
+screen. Where the best policy still waits for copies (more than 0.5% of the compute time), up to
+four rounds recompute more of what is on the device at the longest wait, cheapest per byte, as
+many bytes as the link moves in the wait, while that makes the iteration faster. Swaps across the iteration boundary (optimizer state) have their copies back timed as
 one engine queues them, latest use first, as well as each alone; the faster plan is kept. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
 peak (8.29 GiB) for +26% and llama7b-8l to 61% (15.43 GiB) for +23%; torch.compile with an
 activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms).
