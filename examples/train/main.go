@@ -354,6 +354,20 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut, st.Recomputes)
 	fmt.Fprintf(out, "  device allocator: %d blocks at their planned place, %d missed it (%d plans); %d pages mapped after the start, %d host waits\n",
 		st.Placed, st.Missed, st.Placements, st.MappedPages, st.HostWaits)
+	// The counts above are the whole run's, warm-up included; a policy's
+	// steps should add none of the first four.
+	var sn int
+	var ev, od, pages, waits, placed int64
+	for _, s := range rep.Steps {
+		if stable(s) {
+			sn++
+			ev, od, pages, waits, placed = ev+s.Evictions, od+s.Result.OnDemand, pages+s.Pages, waits+s.HostWaits, placed+s.Placed
+		}
+	}
+	if sn > 0 {
+		fmt.Fprintf(out, "  in the %d STABLE steps: %d forced evictions, %d on-demand swap-ins, %d pages mapped, %d host waits, %d blocks placed\n",
+			sn, ev, od, pages, waits, placed)
+	}
 	if k := len(rep.Sims); k > 0 {
 		sim := rep.Sims[k-1]
 		fmt.Fprintf(out, "  simulator (last policy, op times fitted to the unlimited step): predicted %.2f ms = %.2f ms compute + %.2f ms stalls; measured %.2f ms\n",
