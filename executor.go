@@ -167,12 +167,7 @@ func (e *Engine) swapOutFrom(t *Tensor, from int) error {
 	if err := e.dev.Record(done, e.d2h); err != nil {
 		return faulted("copy out", t, err, func() error { return e.dev.SyncStream(e.d2h) }, func() error { return e.pool.Put(buf) })
 	}
-	if from >= 0 {
-		err = e.alloc.FreeAfterFrom(t.ptr, done, e.d2h, from)
-	} else {
-		err = e.alloc.FreeAfter(t.ptr, done, e.d2h)
-	}
-	if err != nil {
+	if err := e.alloc.FreeAfterFrom(t.ptr, done, e.d2h, from); err != nil {
 		return faulted("copy out", t, err, func() error { return e.pool.PutAfter(buf, done, e.d2h) })
 	}
 	t.host, t.outDone, t.state, t.ptr = buf, done, swapped, 0

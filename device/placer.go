@@ -123,8 +123,9 @@ func (p *pool) unplan() {
 // free (Stats.Placed), and as usual otherwise (Stats.Missed). A
 // repetition whose blocks missed their places is planned again (twice at
 // most until Repeat(false)) when more than one in fifty of its requests
-// missed, or when a block it asked for outlived it though the plan had it
-// freed inside it; one
+// missed, or when blocks it asked for of at least a page (1 MiB on
+// segments) outlived it though the plan had them freed inside it (smaller
+// ones lose their places instead); one
 // where more than one in ten of the requests with a place missed it ends
 // placement until Repeat(false) when it happens twice in a row: the
 // sequence does not recur closely enough.

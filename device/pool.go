@@ -182,14 +182,15 @@ func (p *pool) putOn(addr uintptr, s Stream) error {
 	if p.closed {
 		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
 	}
-	if _, ok := p.a.used[addr]; !ok {
+	b, ok := p.a.used[addr]
+	if !ok {
 		return fmt.Errorf("%s: free %#x: not an allocated block: %w", what, addr, ErrInvalidValue)
 	}
 	e, err := p.record(s)
 	if err != nil {
 		return fmt.Errorf("%s: free %#x on stream %#x: %w", what, addr, uintptr(s), err)
 	}
-	p.pl.freed(p.a.used[addr], -1)
+	p.pl.freed(b, -1)
 	p.a.give(addr, e, true)
 	return nil
 }

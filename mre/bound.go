@@ -12,6 +12,16 @@ type Bound struct {
 	OutOp, InOp int
 }
 
+// opStarts is each op's start on the stall-free timeline of op times d,
+// and the end of the last as its last entry.
+func opStarts(d []float64) []float64 {
+	start := make([]float64, len(d)+1)
+	for t, v := range d {
+		start[t+1] = start[t] + v
+	}
+	return start
+}
+
 // LowerBound bounds the overhead of any swap-only plan that keeps curve
 // under limit, given op times d (microseconds) and the link's one-way rates
 // out and in (bytes per second, each direction alone: no plan copies
@@ -54,10 +64,7 @@ func LowerBoundKept(curve []int64, limit int64, d []float64, out, in float64, ke
 	if n == 0 || len(d) != n || out <= 0 || in <= 0 {
 		return b
 	}
-	start := make([]float64, n+1)
-	for t := range n {
-		start[t+1] = start[t] + d[t]
-	}
+	start := opStarts(d)
 	total := start[n]
 	// Suffix maximum of Din.
 	bestIn := make([]float64, n+1)

@@ -810,10 +810,7 @@ func (p *planner) queueWraps(cands []simulate.Swap, picked []int, chosen []simul
 }
 
 func (p *planner) init(cs []Candidate) {
-	p.start = make([]float64, p.n+1)
-	for t, d := range p.times {
-		p.start[t+1] = p.start[t] + d
-	}
+	p.start = opStarts(p.times)
 	if len(p.groups) == 0 {
 		p.groups = make([]layer.Group, p.n)
 		for t := range p.n {

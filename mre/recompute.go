@@ -609,10 +609,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// the long gaps to the swaps up to the link's rate; every useful
 	// recompute of that ranking is tried, at shares of that rate.
 	if len(order) > 0 {
-		start := make([]float64, n+1)
-		for t, d := range in.OpTimes {
-			start[t+1] = start[t] + d
-		}
+		start := opStarts(in.OpTimes)
 		for _, share := range linkShares {
 			less := make([]int64, n)
 			for t := range n {

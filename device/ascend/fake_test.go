@@ -70,12 +70,8 @@ const (
 
 func openFake(t testing.TB, path string) *fakeCtl {
 	t.Helper()
-	lib, err := dl.Open([]string{path}, os.ErrNotExist)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := &fakeCtl{}
-	if err := lib.Bind(
+	fakelib.Bind(t, path,
 		dl.Func{Ptr: &c.reset, Name: "fake_reset"},
 		dl.Func{Ptr: &c.setTotal, Name: "fake_set_total"},
 		dl.Func{Ptr: &c.failAllocIn, Name: "fake_fail_alloc_after"},
@@ -84,9 +80,7 @@ func openFake(t testing.TB, path string) *fakeCtl {
 		dl.Func{Ptr: &c.last, Name: "fake_last"},
 		dl.Func{Ptr: &c.initialized, Name: "fake_initialized"},
 		dl.Func{Ptr: &c.clearContext, Name: "fake_clear_context"},
-	); err != nil {
-		t.Fatal(err)
-	}
+	)
 	c.reset()
 	return c
 }

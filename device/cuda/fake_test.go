@@ -95,12 +95,8 @@ const (
 
 func openFake(t testing.TB, path string) *fakeCtl {
 	t.Helper()
-	lib, err := dl.Open([]string{path}, os.ErrNotExist)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := &fakeCtl{}
-	if err := lib.Bind(
+	lib := fakelib.Bind(t, path,
 		dl.Func{Ptr: &c.reset, Name: "fake_reset"},
 		dl.Func{Ptr: &c.setTotal, Name: "fake_set_total"},
 		dl.Func{Ptr: &c.failAllocIn, Name: "fake_fail_alloc_after"},
@@ -108,9 +104,7 @@ func openFake(t testing.TB, path string) *fakeCtl {
 		dl.Func{Ptr: &c.queryNotReady, Name: "fake_query_not_ready"},
 		dl.Func{Ptr: &c.last, Name: "fake_last"},
 		dl.Func{Ptr: &c.liveAllocs, Name: "fake_live_allocs"},
-	); err != nil {
-		t.Fatal(err)
-	}
+	)
 	// Variants without the driver calls leave these nil.
 	_ = lib.Bind(
 		dl.Func{Ptr: &c.setGranularity, Name: "fake_set_granularity"},

@@ -75,20 +75,28 @@ type TimingCtl struct {
 	FailElapsed func(code int32)
 }
 
-// OpenTiming binds the timing controls of the fake library at path.
-func OpenTiming(t testing.TB, path string) *TimingCtl {
+// Bind opens the fake library at path and binds fns, failing t when it
+// cannot; the library is returned for symbols only some variants have.
+func Bind(t testing.TB, path string, fns ...dl.Func) *dl.Library {
 	t.Helper()
 	lib, err := dl.Open([]string{path}, os.ErrNotExist)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := lib.Bind(fns...); err != nil {
+		t.Fatal(err)
+	}
+	return lib
+}
+
+// OpenTiming binds the timing controls of the fake library at path.
+func OpenTiming(t testing.TB, path string) *TimingCtl {
+	t.Helper()
 	c := &TimingCtl{}
-	if err := lib.Bind(
+	Bind(t, path,
 		dl.Func{Ptr: &c.Advance, Name: "fake_advance_clock"},
 		dl.Func{Ptr: &c.NotReady, Name: "fake_elapsed_not_ready"},
 		dl.Func{Ptr: &c.FailElapsed, Name: "fake_fail_next_elapsed"},
-	); err != nil {
-		t.Fatal(err)
-	}
+	)
 	return c
 }
