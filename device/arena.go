@@ -80,7 +80,15 @@ type pend struct {
 	s     Stream
 	seq   uint64
 	owned int32 // index into the pool's events, -1 for a caller's event
+	// lo, hi is the memory freed behind the event (0, 0: all of the
+	// block's). A piece cut from a free block keeps only the events over
+	// its own bytes: memory given back next to a copy still in flight
+	// does not wait for that copy.
+	lo, hi uintptr
 }
+
+// guards reports whether e guards any byte of [lo, hi).
+func (e pend) guards(lo, hi uintptr) bool { return e.hi == 0 || e.lo < hi && e.hi > lo }
 
 func (p pend) known() bool { return p.owned >= 0 }
 
@@ -260,14 +268,29 @@ func (a *arena) splitFree(i int, off int64) int {
 }
 
 // cut shortens b to its first at bytes and returns the rest as a new free
-// block after it, with b's pending events.
+// block after it. Each piece keeps the pending events over its bytes.
 func (a *arena) cut(b *block, at int64) *block {
 	r := a.newBlock()
 	r.addr, r.size, r.seg, r.free, r.freed = b.addr+uintptr(at), b.size-at, b.seg, true, b.freed
-	r.pending = append(r.pending, b.pending...)
-	for _, e := range r.pending {
-		a.ref(e, 1)
+	mid, end := r.addr, r.addr+uintptr(r.size)
+	keep := b.pending[:0]
+	for _, e := range b.pending {
+		inB, inR := e.guards(b.addr, mid), e.guards(mid, end)
+		switch {
+		case inB && inR:
+			a.ref(e, 1)
+			keep = append(keep, e)
+			r.pending = append(r.pending, e)
+		case inB:
+			keep = append(keep, e)
+		case inR:
+			r.pending = append(r.pending, e)
+		default:
+			a.ref(e, -1)
+		}
 	}
+	clear(b.pending[len(keep):])
+	b.pending = keep
 	r.prev, r.next = b, b.next
 	if b.next != nil {
 		b.next.prev = r
@@ -311,6 +334,7 @@ func (a *arena) give(addr uintptr, e pend, hasEv bool) (*block, bool) {
 	a.frees++
 	b.freed = a.frees
 	if hasEv {
+		e.lo, e.hi = b.addr, b.addr+uintptr(b.size)
 		b.pending = a.merge(b.pending, e)
 	}
 	if p := b.prev; p != nil && p.free {
@@ -344,7 +368,7 @@ func (a *arena) give(addr uintptr, e pend, hasEv bool) (*block, bool) {
 
 // merge adds es to dst, which takes over their references. Of two events
 // the pool recorded on one stream only the later is kept; a caller's event
-// is kept once.
+// is kept once. The one kept guards the memory of both.
 func (a *arena) merge(dst []pend, es ...pend) []pend {
 next:
 	for _, e := range es {
@@ -357,14 +381,24 @@ next:
 				} else {
 					a.ref(e, -1)
 				}
+				dst[i].lo, dst[i].hi = guarded(d, e)
 				continue next
 			case !e.known() && !d.known() && e.ev == d.ev:
+				dst[i].lo, dst[i].hi = guarded(d, e)
 				continue next
 			}
 		}
 		dst = append(dst, e)
 	}
 	return dst
+}
+
+// guarded is the memory two events guard together (0, 0: all).
+func guarded(x, y pend) (uintptr, uintptr) {
+	if x.hi == 0 || y.hi == 0 {
+		return 0, 0
+	}
+	return min(x.lo, y.lo), max(x.hi, y.hi)
 }
 
 // ref adjusts the reference count of a pool-owned event.

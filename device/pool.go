@@ -219,7 +219,7 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrInvalidValue)
 	}
 	need := p.a.roundUp(size)
-	ready := func(b *block) bool { return p.readyFor(b, s) }
+	ready := func(b *block) bool { return p.readyFor(b, s, need) }
 	var b *block
 	if addr, alt := p.pl.spot(need); addr != 0 {
 		var err error
@@ -287,10 +287,11 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 // every event was recorded on s, whose FIFO order covers it. A block freed
 // behind a copy on another stream is not ready: a best-fit allocator that
 // handed it out would chain the new user to that copy while an idle block
-// waits next to it.
-func (p *pool) readyFor(b *block, s Stream) bool {
+// waits next to it. Only the events over the first need bytes count: the
+// piece a request takes.
+func (p *pool) readyFor(b *block, s Stream, need int64) bool {
 	for _, e := range b.pending {
-		if e.s != s {
+		if e.s != s && e.guards(b.addr, b.addr+uintptr(need)) {
 			return false
 		}
 	}

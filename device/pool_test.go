@@ -454,3 +454,52 @@ func TestAllocatorWaitsOnOldestFree(t *testing.T) {
 	assert.Equal(t, []wait{{0, evA}}, d.takeWaits())
 	_ = sep
 }
+
+// TestAllocatorWaitsOnlyForItsOwnBytes: memory given back next to a block
+// freed behind a copy still in flight coalesces with it, and a request
+// served from the idle bytes does not wait for that copy; one served from
+// the copy's bytes does.
+func TestAllocatorWaitsOnlyForItsOwnBytes(t *testing.T) {
+	d := newCounting(t, 64<<20)
+	a := newAllocator(t, d, 1<<20)
+	s1, err := d.NewStream()
+	require.NoError(t, err)
+	busy, err := d.NewEvent()
+	require.NoError(t, err)
+	hold := make(chan struct{})
+	require.NoError(t, d.Device.(*host.Device).Launch(s1, func() { <-hold }))
+	defer close(hold)
+	require.NoError(t, d.Record(busy, s1))
+
+	const k = 1 << 10
+	idle, err := a.Alloc(256*k, 0) // lower address
+	require.NoError(t, err)
+	copying, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	_, err = a.Alloc(512*k, 0) // the rest
+	require.NoError(t, err)
+	require.NoError(t, a.FreeAfter(copying, busy, s1))
+	require.NoError(t, a.Free(idle)) // coalesces with the block behind the copy
+	assert.Equal(t, 1, a.Stats().FreeBlocks)
+
+	got, err := a.Alloc(128*k, 0)
+	require.NoError(t, err)
+	assert.Equal(t, idle, got, "the start of the coalesced block")
+	assert.Empty(t, d.takeWaits(), "its bytes were freed idle")
+	next, err := a.Alloc(128*k, 0)
+	require.NoError(t, err)
+	assert.Empty(t, d.takeWaits(), "still the idle bytes")
+	over, err := a.Alloc(256*k, 0)
+	require.NoError(t, err)
+	assert.Equal(t, copying, over)
+	assert.Equal(t, []wait{{0, busy}}, d.takeWaits(), "the copy's bytes wait for the copy")
+
+	// Given back and coalesced again, the event still guards only the
+	// copy's bytes: a request across both halves waits once.
+	require.NoError(t, a.Free(got))
+	require.NoError(t, a.Free(next))
+	require.NoError(t, a.FreeAfter(over, busy, s1))
+	_, err = a.Alloc(512*k, 0)
+	require.NoError(t, err)
+	assert.Equal(t, []wait{{0, busy}}, d.takeWaits())
+}
