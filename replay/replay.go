@@ -108,6 +108,9 @@ type Report struct {
 	// names it.
 	Timeline   []OpSpan `json:"-"`
 	TimelineOf string   `json:"-"`
+	// TimelineCopies is the copies stamped at that iteration's end, with a
+	// CopyTimeline.
+	TimelineCopies []CopySpan `json:"-"`
 }
 
 // IterationReport is what one replayed iteration did.
@@ -165,6 +168,24 @@ type IterationReport struct {
 	HostStallMS   float64 `json:"host_stall_ms,omitempty"`
 	DeviceStallMS float64 `json:"device_stall_ms,omitempty"`
 	WorstStalls   []Stall `json:"worst_stalls,omitempty"`
+	// With a timeline that stamps copies (CopyTimeline): the copies each
+	// way read at the iteration's end.
+	D2H *LinkFigures `json:"d2h,omitempty"`
+	H2D *LinkFigures `json:"h2d,omitempty"`
+	// WorstLayers are, with a timeline, the three logical layers of the
+	// policy in force that ran longest over their simulated time.
+	WorstLayers []LayerTime `json:"worst_layers,omitempty"`
+}
+
+// LayerTime is one logical layer's time on the device's clock (from the
+// end of the layer before to the end of its last op: stalls, recomputes
+// and kernels) beside the simulator's for the policy in force.
+type LayerTime struct {
+	FirstOp     int     `json:"first_op"`
+	LastOp      int     `json:"last_op"`
+	Phase       string  `json:"phase"`
+	SimulatedMS float64 `json:"simulated_ms"`
+	MeasuredMS  float64 `json:"measured_ms"`
 }
 
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
@@ -637,9 +658,19 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		}
 		sp := spans(names, issuedAt, st)
 		stallsOf(&ir, sp, 5)
+		ir.WorstLayers = worstLayers(sp, e.GroupTimes(), 3)
+		var cp []CopySpan
+		if ct, ok := r.timing.Timeline.(CopyTimeline); ok && len(st) > 0 {
+			cs, err := ct.Copies()
+			if err != nil {
+				return fmt.Errorf("timeline: %w", err)
+			}
+			cp = copySpans(cs, st[0].Start)
+			ir.D2H, ir.H2D = linkOf(cp, true), linkOf(cp, false)
+		}
 		if stable := ir.Stage == "STABLE"; stable || !r.stableTimeline {
 			r.stableTimeline = stable
-			r.rep.Timeline = sp
+			r.rep.Timeline, r.rep.TimelineCopies = sp, cp
 			r.rep.TimelineOf = fmt.Sprintf("round %d iteration %d, %s", r.round, it.Index, ir.Stage)
 		}
 	}

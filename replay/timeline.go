@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/host"
 )
@@ -31,21 +32,36 @@ type Stamp struct{ Start, End int64 }
 
 // HostTimeline is Timeline on the host backend: each kernel is a function
 // queued with d.Launch (like HostKernel) that reads the host's clock when
-// the stream's goroutine starts and ends it. It holds up to n slots.
-func HostTimeline(d *host.Device, n int) Timeline {
-	return &hostTimeline{d: d, st: make([]Stamp, n)}
+// the stream's goroutine starts and ends it. It holds up to n slots for
+// kernels, and stamps copies too (a CopyTimeline: StampHostCopies).
+func HostTimeline(d *host.Device, n int) CopyTimeline {
+	h := &hostTimeline{d: d, n: n, st: make([]Stamp, n+2*CopySlots)}
+	h.CopyStamps = NewCopyStamps(func(s device.Stream, slot int) error { return h.launch(s, 0, slot) }, h.slots, n, CopySlots)
+	return h
 }
 
 type hostTimeline struct {
+	*CopyStamps
 	d  *host.Device
+	n  int // kernel slots; the copies' follow
 	mu sync.Mutex
 	st []Stamp
 }
 
+func (h *hostTimeline) slots(lo, hi int) ([]Stamp, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.st[lo:hi]), nil
+}
+
 func (h *hostTimeline) Launch(s device.Stream, t time.Duration, slot int) error {
-	if slot < 0 || slot >= len(h.st) {
-		return fmt.Errorf("timeline: slot %d of %d: %w", slot, len(h.st), device.ErrInvalidValue)
+	if slot < 0 || slot >= h.n {
+		return fmt.Errorf("timeline: slot %d of %d: %w", slot, h.n, device.ErrInvalidValue)
 	}
+	return h.launch(s, t, slot)
+}
+
+func (h *hostTimeline) launch(s device.Stream, t time.Duration, slot int) error {
 	return h.d.Launch(s, func() {
 		start := time.Now().UnixNano()
 		Wait(t)
@@ -57,8 +73,8 @@ func (h *hostTimeline) Launch(s device.Stream, t time.Duration, slot int) error 
 }
 
 func (h *hostTimeline) Stamps(n int) ([]Stamp, error) {
-	if n < 0 || n > len(h.st) {
-		return nil, fmt.Errorf("timeline: %d stamps of %d: %w", n, len(h.st), device.ErrInvalidValue)
+	if n < 0 || n > h.n {
+		return nil, fmt.Errorf("timeline: %d stamps of %d: %w", n, h.n, device.ErrInvalidValue)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -134,10 +150,32 @@ func stallsOf(ir *IterationReport, sp []OpSpan, worst int) {
 	ir.WorstStalls = all[:min(worst, len(all))]
 }
 
+// worstLayers is the n layers of gs that ran longest over their simulated
+// time on sp's clock, longest first.
+func worstLayers(sp []OpSpan, gs []chameleon.GroupTime, n int) []LayerTime {
+	var out []LayerTime
+	for _, g := range gs {
+		if g.First < 0 || g.Last >= len(sp) || g.First > g.Last {
+			return nil // not this iteration's ops
+		}
+		from := 0.0
+		if g.First > 0 {
+			from = sp[g.First-1].EndUS
+		}
+		out = append(out, LayerTime{FirstOp: g.First, LastOp: g.Last, Phase: g.Phase.String(),
+			SimulatedMS: g.SimulatedUS / 1e3, MeasuredMS: (sp[g.Last].EndUS - from) / 1e3})
+	}
+	slices.SortStableFunc(out, func(a, b LayerTime) int {
+		return cmp.Compare(b.MeasuredMS-b.SimulatedMS, a.MeasuredMS-a.SimulatedMS)
+	})
+	return out[:min(n, len(out))]
+}
+
 // WriteTimeline writes an iteration's stamped spans as Chrome trace JSON
 // (opens in Perfetto): the device's kernels on one track, its stalls on
-// another named by their cause, and the host's queueing on a third.
-func WriteTimeline(w io.Writer, title string, sp []OpSpan) error {
+// another named by their cause, the host's queueing on a third, and the
+// stamped copies (cp, may be nil) each way on two more.
+func WriteTimeline(w io.Writer, title string, sp []OpSpan, cp []CopySpan) error {
 	type ev struct {
 		Name string         `json:"name"`
 		Ph   string         `json:"ph"`
@@ -152,6 +190,21 @@ func WriteTimeline(w io.Writer, title string, sp []OpSpan) error {
 		{Name: "thread_name", Ph: "M", PID: 1, TID: 1, Args: map[string]any{"name": "device: kernels"}},
 		{Name: "thread_name", Ph: "M", PID: 1, TID: 2, Args: map[string]any{"name": "device: idle"}},
 		{Name: "thread_name", Ph: "M", PID: 1, TID: 3, Args: map[string]any{"name": "host: queueing"}},
+	}
+	if len(cp) > 0 {
+		evs = append(evs, ev{Name: "thread_name", Ph: "M", PID: 1, TID: 4, Args: map[string]any{"name": "link: device to host"}},
+			ev{Name: "thread_name", Ph: "M", PID: 1, TID: 5, Args: map[string]any{"name": "link: host to device"}})
+	}
+	for _, c := range cp {
+		name, tid := "to host", 4
+		if !c.ToHost {
+			name, tid = "to device", 5
+		}
+		if c.EndUS < 0 {
+			continue // done before the iteration's first kernel
+		}
+		evs = append(evs, ev{Name: name, Ph: "X", PID: 1, TID: tid, TS: c.StartUS, Dur: c.EndUS - c.StartUS,
+			Args: map[string]any{"bytes": c.Bytes, "gb_per_s": float64(c.Bytes) / max(c.EndUS-c.StartUS, 1e-3) / 1e3}})
 	}
 	for i, s := range sp {
 		evs = append(evs, ev{Name: s.Name, Ph: "X", PID: 1, TID: 1, TS: s.StartUS, Dur: s.EndUS - s.StartUS,

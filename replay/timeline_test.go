@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/replay"
@@ -49,7 +50,7 @@ func TestTimelineSplitsTheStep(t *testing.T) {
 		}
 	}
 	var buf bytes.Buffer
-	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline))
+	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline, rep.TimelineCopies))
 	var ct struct {
 		TraceEvents []struct {
 			Ph  string `json:"ph"`
@@ -64,6 +65,73 @@ func TestTimelineSplitsTheStep(t *testing.T) {
 		}
 	}
 	assert.Equal(t, len(rep.Timeline), kernels)
+}
+
+// TestTimelineStampsCopies: on a device that stamps its copies, each
+// iteration reports the copies each way that the link moved, every copy
+// out a swap's (none is lost, none counted twice; a tensor whose host copy
+// is current comes back without one), and the kept
+// iteration's Chrome trace holds them on the link's tracks. No time is
+// asserted beyond its order.
+func TestTimelineStampsCopies(t *testing.T) {
+	tr := testtraces.Read(t, testtraces.Small)
+	n := 0
+	for _, it := range tr.Iterations {
+		n = max(n, len(it.Ops))
+	}
+	var tl replay.CopyTimeline
+	rep, _ := timedWrapped(t, tr, 1024, 3, func(dev *host.Device) replay.Timing {
+		tl = replay.HostTimeline(dev, n)
+		return replay.Timing{Launch: replay.HostKernel(dev), Timeline: tl}
+	}, func(d *host.Device) device.Device { return replay.StampHostCopies(d, tl) }, replay.Config{})
+	var out, in int64
+	for i, x := range rep.PerIteration {
+		for _, f := range []*replay.LinkFigures{x.D2H, x.H2D} {
+			if f == nil {
+				continue
+			}
+			assert.Positive(t, f.Copies, "iteration %d", i)
+			assert.Positive(t, f.GBps, "iteration %d", i)
+			assert.Positive(t, f.BusyMS, "iteration %d", i)
+		}
+		if x.D2H != nil {
+			out += x.D2H.Bytes
+		}
+		if x.H2D != nil {
+			in += x.H2D.Bytes
+		}
+		if x.Stage == "STABLE" {
+			assert.NotNil(t, x.D2H, "iteration %d swaps out", i)
+		}
+	}
+	t.Logf("stamped %d bytes out, %d in; swapped %d", out, in, rep.SwappedBytes)
+	assert.Positive(t, in)
+	assert.LessOrEqual(t, out, rep.SwappedBytes)
+	assert.GreaterOrEqual(t, out, rep.SwappedBytes*9/10, "copies left unread")
+	require.NotEmpty(t, rep.TimelineCopies)
+	shown := 0
+	for _, c := range rep.TimelineCopies {
+		assert.LessOrEqual(t, c.StartUS, c.EndUS)
+		if c.EndUS >= 0 {
+			shown++
+		}
+	}
+	var buf bytes.Buffer
+	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline, rep.TimelineCopies))
+	var ct struct {
+		TraceEvents []struct {
+			Ph  string `json:"ph"`
+			TID int    `json:"tid"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &ct))
+	copies := 0
+	for _, e := range ct.TraceEvents {
+		if e.Ph == "X" && (e.TID == 4 || e.TID == 5) {
+			copies++
+		}
+	}
+	assert.Equal(t, shown, copies)
 }
 
 // TestTimelineSlotsAreChecked: a slot outside the timeline is an error,

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/layer"
@@ -30,6 +31,12 @@ func timed(t *testing.T, tr *trace.Trace, scale int64, rounds int, tm replay.Tim
 // timedOn is timed with the Timing made for the host device.
 func timedOn(t *testing.T, tr *trace.Trace, scale int64, rounds int, timing func(*host.Device) replay.Timing, cfg replay.Config) (*replay.Report, *host.Device) {
 	t.Helper()
+	return timedWrapped(t, tr, scale, rounds, timing, nil, cfg)
+}
+
+// timedWrapped is timedOn on the device wrap returns (nil: the host device).
+func timedWrapped(t *testing.T, tr *trace.Trace, scale int64, rounds int, timing func(*host.Device) replay.Timing, wrap func(*host.Device) device.Device, cfg replay.Config) (*replay.Report, *host.Device) {
+	t.Helper()
 	limit := replay.PeakBytes(tr) / scale * 8 / 10
 	l := replay.HostLink(scale)
 	dev, err := host.New(limit, host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
@@ -40,7 +47,11 @@ func timedOn(t *testing.T, tr *trace.Trace, scale int64, rounds int, timing func
 	d.M, d.N = 2, 1
 	cfg.Scale, cfg.Rounds, cfg.Limit, cfg.Timing = scale, rounds, limit, &tm
 	cfg.Options = append(cfg.Options, chameleon.WithDetection(d), chameleon.WithLinkBandwidth(l.D2H))
-	rep, err := replay.Run(tr, dev, cfg)
+	var run device.Device = dev
+	if wrap != nil {
+		run = wrap(dev)
+	}
+	rep, err := replay.Run(tr, run, cfg)
 	if rep != nil && rep.Engine != nil {
 		t.Cleanup(func() { rep.Engine.Close() })
 	}

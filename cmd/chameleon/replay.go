@@ -133,7 +133,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		if tm != nil {
 			tm.Launch = replay.HostKernel(h)
 			if *timeline != "" {
-				tm.Timeline = replay.HostTimeline(h, maxOps(tr))
+				tl := replay.HostTimeline(h, maxOps(tr))
+				tm.Timeline, dev = tl, replay.StampHostCopies(h, tl)
 			}
 		}
 	case "cuda":
@@ -172,7 +173,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 			defer ct.close()
-			tm.Timeline = ct
+			tm.Timeline, dev = ct, &stampedCUDA{Device: c, tl: ct}
 		}
 	}
 	rc := replay.Config{Scale: *scale, Rounds: *rounds, Limit: limit, LimitFrom: limitFrom, Options: append(opts, extra...),
@@ -231,7 +232,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			head += "measured ms\tissued ms\thost waits\tunlimited ms\tkernels ms\top times\t"
 		}
 		if tm != nil && tm.Timeline != nil {
-			head += "device busy ms\tidle on host ms\tidle queued ms\t"
+			head += "device busy ms\tidle on host ms\tidle queued ms\tto host GB/s\tto device GB/s\t"
 		}
 		fmt.Fprintln(tw, head)
 		for _, x := range rep.PerIteration {
@@ -241,7 +242,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 				fmt.Fprintf(tw, "%.2f\t%.2f\t%d\t%.2f\t%.2f\t%s\t", x.MeasuredMS, x.IssuedMS, x.HostWaits, x.UnlimitedMS, x.KernelMS, x.OpTimes)
 			}
 			if tm != nil && tm.Timeline != nil {
-				fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t", x.DeviceBusyMS, x.HostStallMS, x.DeviceStallMS)
+				fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t%s\t%s\t", x.DeviceBusyMS, x.HostStallMS, x.DeviceStallMS, rate(x.D2H), rate(x.H2D))
 			}
 			fmt.Fprintln(tw)
 		}
@@ -283,4 +284,12 @@ func spinner(d *cuda.Device) (*driver.Spinner, error) {
 		return nil, fmt.Errorf("--timing: %w", err)
 	}
 	return sp, nil
+}
+
+// rate is a direction's copy rate for the table, "-" with no copy.
+func rate(f *replay.LinkFigures) string {
+	if f == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", f.GBps)
 }
