@@ -198,22 +198,40 @@ type Engine struct {
 	window  []int             // victims' indices into scratch
 	nextID  trace.TensorID
 	serial  uint64
-	liveB   int64 // bytes of unreleased tensors, resident or not
-	policy  *policy
+	liveB   int64 // bytes of unfreed tensors, resident or not
+	// relB is the bytes of those released but not freed yet (held for a
+	// recompute that reads them, or to be made again): a profile counts
+	// them gone at their release, as a run without the policy would.
+	relB   int64
+	policy *policy
 	// placedFor is the policy the allocator's placement follows (nil:
 	// none), so that a new policy starts a new recording.
 	placedFor *policy
-	cache     *policyCache
-	life      lifecycle
-	closed    bool
-	it        Iteration
-	stats     Stats
-	onClose   []func() error
+	// placedBefore is placedFor at the Begin before: the allocator plans
+	// placement from a repetition that ran the policy whole, not from the
+	// first one after a change of policy, which still moves the last
+	// one's tensors.
+	placedBefore *policy
+	cache        *policyCache
+	life         lifecycle
+	closed       bool
+	it           Iteration
+	stats        Stats
+	onClose      []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
 	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
 	// next plan leaves headroom for growth (plan.Input.Growing).
 	outgrown bool
+	// placeFit is the share of the limit plans aim at (1 at first): each
+	// policy the allocator could not place for its pages lowers it by the
+	// share that would have fit (Stats.Tightened). refusals is the
+	// allocator's count of refused placements seen.
+	placeFit float64
+	refusals int64
+	// superseded are the keys of the policies placement refused, to leave
+	// the cache once their replacement is planned.
+	superseded []policyKey
 	// lastBytes is the last iteration's allocated bytes, grew how many
 	// iterations in a row they rose (outgrew).
 	lastBytes int64
@@ -247,7 +265,12 @@ type Stats struct {
 	// the profile they were planned from and it forced evictions past a
 	// twentieth of the planned swaps. Each is planned again from the next
 	// iteration's profile, staying STABLE (a decode loop's growing cache).
-	Outgrown        int
+	Outgrown int
+	// Tightened counts policies planned again below the limit because
+	// the allocator could not place their blocks in the limit's pages
+	// (WithPlacement): the next plan aims lower by the share that would
+	// have fit, down to minPlaceFit of the limit.
+	Tightened       int
 	Infeasible      int   // planning runs that found no plan under the limit
 	SwapsOut        int64 // copies to the host (planned and on demand)
 	SwapsIn         int64
@@ -321,7 +344,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	cfg.planning = cfg.planPath()
-	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache()}
+	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache(), placeFit: 1}
 	fail := func(err error) (*Engine, error) {
 		e.Close()
 		return nil, err
@@ -505,6 +528,7 @@ func (e *Engine) Release(t *Tensor) error {
 		return ErrClosed
 	}
 	t.released = true
+	e.relB += t.size
 	if p := e.policy; p != nil && t.state == dropped && t.rc >= 0 {
 		p.abandon(e, t.rc) // never made again: its inputs need not wait
 	}
@@ -547,6 +571,7 @@ func (e *Engine) unkeep(t *Tensor) error {
 // free gives a released tensor's memory back.
 func (e *Engine) free(t *Tensor) error {
 	e.liveB -= t.size
+	e.relB -= t.size
 	last := e.live[len(e.live)-1]
 	e.live[t.slot], last.slot = last, t.slot
 	e.live = e.live[:len(e.live)-1]

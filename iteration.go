@@ -73,9 +73,9 @@ func (e *Engine) Begin() *Iteration {
 	}
 	if !e.cfg.noPlace {
 		// A policy in STABLE repeats its requests; anything else may not.
-		same := e.policy != nil && e.policy == e.placedFor && e.det.Next() == seq.Stable
+		same := e.policy != nil && e.policy == e.placedFor && e.placedFor == e.placedBefore && e.det.Next() == seq.Stable
 		e.alloc.Repeat(same)
-		e.placedFor = e.policy
+		e.placedBefore, e.placedFor = e.placedFor, e.policy
 	}
 	e.tm.begin(it.detail != nil)
 	return it
@@ -269,7 +269,7 @@ func (it *Iteration) record(op *Op) {
 	it.hostRecompute = append(it.hostRecompute, op.Recompute != nil)
 	it.detail.Ops = append(it.detail.Ops, trace.Op{
 		Seq: it.op, Name: op.Name, Overload: op.Overload, Phase: op.Phase, Module: op.Module,
-		In: ids(op.In), Out: ids(op.Out), Mem: e.liveB, FLOPs: op.FLOPs, IOBytes: op.Bytes,
+		In: ids(op.In), Out: ids(op.Out), Mem: e.liveB - e.relB, FLOPs: op.FLOPs, IOBytes: op.Bytes,
 	})
 }
 
@@ -364,6 +364,7 @@ func (it *Iteration) End() Result {
 	if p := e.policy; p != nil {
 		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
 		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps, e.grew)
+		obs.unplaced = e.unplaced()
 		r.Matched = p.matched
 	}
 	d := e.life.end(obs)
@@ -377,6 +378,10 @@ func (it *Iteration) End() Result {
 	if d.outgrown {
 		e.stats.Outgrown++
 		e.outgrown = true // its replacement is planned with headroom
+	}
+	if d.unplaced {
+		e.stats.Tightened++
+		e.superseded = append(e.superseded, e.policy.key)
 	}
 	if d.adopt {
 		e.policy = e.cache.get(key, e.cfg.detect.MaxMemoryDelta)
@@ -406,6 +411,14 @@ func (it *Iteration) End() Result {
 			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
 		} else {
 			e.policy = pol
+			// A tighter plan takes the place of those placement refused,
+			// in the cache and any policy file.
+			for _, k := range e.superseded {
+				if k != pol.key {
+					e.cache.drop(k)
+				}
+			}
+			e.superseded = e.superseded[:0]
 			e.cache.put(pol)
 			e.outgrown = false
 			r.Planned = true

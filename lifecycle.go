@@ -77,6 +77,9 @@ type observation struct {
 	// outgrown: the iteration's bytes grew past those the policy in force
 	// was planned for, and it forced evictions (see outgrew).
 	outgrown bool
+	// unplaced: the allocator refused to place the policy in force, its
+	// blocks needing more pages than the limit holds.
+	unplaced bool
 }
 
 // decision is what the Engine does after an iteration, in field order.
@@ -86,6 +89,9 @@ type decision struct {
 	// outgrown: the policy in force no longer holds the iteration's bytes;
 	// the next iteration is profiled to replace it (counted once).
 	outgrown bool
+	// unplaced: the policy in force could not be placed; the next
+	// iteration is profiled to replace it with a tighter one.
+	unplaced bool
 	adopt    bool // apply the cached policy for the iteration's key; the detector adopts it
 	plan     bool // plan from this iteration's profile, then report with planned
 	// adoptPlanned: once planned, the detector adopts the policy (a
@@ -113,6 +119,9 @@ func (l *lifecycle) end(o observation) decision {
 			l.refresh = true
 		case o.outgrown:
 			d.outgrown = !l.refresh
+			l.refresh = true
+		case o.unplaced:
+			d.unplaced = !l.refresh
 			l.refresh = true
 		}
 	}

@@ -18,7 +18,10 @@ import (
 // policy is a plan in force: what to swap, matched to live tensors by
 // features, scheduled by op index.
 type policy struct {
-	key   policyKey
+	key policyKey
+	// here: planned (or updated) by this Engine, from its own profile; one
+	// from a policy file or another rank is run as it came.
+	here  bool
 	swaps []simulate.Swap
 	// tensors describes, per swap, the planned activation (zero for a
 	// persistent tensor): what matching and the policy file need.
@@ -203,6 +206,49 @@ func (e *Engine) cached(k policyKey) bool {
 	return e.cache.get(k, e.cfg.detect.MaxMemoryDelta) != nil
 }
 
+// minPlaceFit is the least share of the limit a plan aims at so that the
+// allocator can place it (Stats.Tightened); placeMargin is taken off each
+// share that would have fit, for the packing's loss grows with the bytes.
+const (
+	minPlaceFit = 0.9
+	placeMargin = 0.99
+)
+
+// planLimit is the limit plans aim at: the limit, less what placement
+// found it needs (placeFit).
+func (e *Engine) planLimit() int64 {
+	if e.placeFit >= 1 {
+		return e.cfg.limit
+	}
+	return int64(float64(e.cfg.limit) * e.placeFit)
+}
+
+// unplaced reports whether the allocator found, since the last look, that
+// the blocks of the policy in force (planned by this Engine) need more
+// pages than the limit holds (it refused to place them, or moves pages
+// each step to), and lowers the share of the limit the next plan aims at by
+// the share that would have fit. It reports false once that would take
+// plans under minPlaceFit of the limit: best fit serves them then.
+func (e *Engine) unplaced() bool {
+	if e.cfg.noPlace {
+		return false
+	}
+	n, fit := e.alloc.PageShortfalls()
+	if n == e.refusals {
+		return false
+	}
+	e.refusals = n
+	if e.policy == nil || !e.policy.here {
+		return false // a policy from a file or another rank runs as it came
+	}
+	next := e.placeFit * fit * placeMargin
+	if !(fit < 1) || next < minPlaceFit {
+		return false
+	}
+	e.placeFit = next
+	return true
+}
+
 // plan makes the policy for a profiled iteration on the one planning path
 // (plan.Make) with the Engine's settings, and binds it: persistent tensors
 // by handle, activations by their match features.
@@ -212,7 +258,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	if slices.Contains(hostRecompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
 	}
-	res, err := plan.Make(plan.Input{Iter: it, Limit: e.cfg.limit, Growing: e.outgrown,
+	res, err := plan.Make(plan.Input{Iter: it, Limit: e.planLimit(), Growing: e.outgrown,
 		LiveOut: func(id trace.TensorID) bool { return live[id] != nil }}, opts...)
 	if err != nil {
 		return nil, res, err
@@ -236,6 +282,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	rcs := slices.Clone(res.Recomputes())
 	rtensors, mtensors := recomputeTensors(rcs, made)
 	p := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
+	p.here = true
 	p.env, p.prof = e.env(), newProfiled(it, hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
 	return p, res, nil
 }

@@ -34,7 +34,7 @@ func (e *Engine) update(p *policy) (*policy, error) {
 	for _, id := range pr.liveOut {
 		liveOut[id] = true
 	}
-	in := plan.Input{Iter: pr.iter, Limit: e.cfg.limit, LiveOut: func(id trace.TensorID) bool { return liveOut[id] }}
+	in := plan.Input{Iter: pr.iter, Limit: e.planLimit(), LiveOut: func(id trace.TensorID) bool { return liveOut[id] }}
 	opts := slices.Clone(e.cfg.planning)
 	if slices.Contains(pr.recompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(pr.recompute)))
@@ -94,6 +94,7 @@ func (e *Engine) bindPlan(key policyKey, pr *profiled, res *plan.Result) *policy
 	rcs := slices.Clone(res.Recomputes())
 	rtensors, mtensors := recomputeTensors(rcs, made)
 	np := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, nil, res.Issue, rcs, rtensors, mtensors, true)
+	np.here = true
 	np.env, np.eng = e.env(), e
 	if res.Exec != nil {
 		np.simMS = res.Exec.IterationUS / 1000

@@ -46,6 +46,11 @@ type placer struct {
 	placed, missed int
 	// Totals for Stats.
 	totPlaced, totMissed, plans int64
+	// short counts the plans whose blocks needed more pages than the
+	// budget; shortFit is the last one's share of its bytes the budget's
+	// pages would have held with none moved.
+	short    int64
+	shortFit float64
 }
 
 type placeRec struct {
@@ -221,6 +226,21 @@ func (a *Allocator) Tick(i int) {
 	if pl.on && int32(i)+1 > pl.step {
 		pl.step, pl.inStep = int32(i)+1, 0
 	}
+}
+
+// PageShortfalls reports how many placement plans needed more pages than
+// the budget holds (refused, or placed with the excess pages moved twice
+// each repetition) and, for the last one, the share of its bytes the
+// budget would have held with no page moved (1 with none short): a caller
+// whose schedule needs that much less memory at its peak would be placed
+// without moves (chameleon plans again with that headroom).
+func (a *Allocator) PageShortfalls() (n int64, fit float64) {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	if a.p.pl.short == 0 {
+		return 0, 1
+	}
+	return a.p.pl.short, a.p.pl.shortFit
 }
 
 // FreeAfterFrom is FreeAfter for memory the caller's schedule is done with
@@ -517,6 +537,8 @@ func (p *pool) planPlacement() bool {
 				}
 				most = max(most, inUse)
 			}
+			pl.short++
+			pl.shortFit = min(float64(p.a.budget)/float64(most), float64(p.a.budget)/float64(pages))
 			if most > p.a.budget || int64(pages) > p.a.budget+p.a.budget/overPages {
 				pl.plans++
 				return false

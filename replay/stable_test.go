@@ -9,9 +9,11 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // replayAt replays name at pct of its peak, scaled, for at least 14
@@ -216,4 +218,60 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 		assert.LessOrEqual(t, x.Held, liveOut[x.Iter], "round %d iteration %d", x.Round, x.Iter)
 	}
 	assert.Positive(t, len(rep.PerIteration))
+}
+
+// TestPlacementAsksForATighterPlan: llama16-bf16 with recomputes at 45% of
+// its peak (timed, kernel times, scale 1/64): the first policy's blocks
+// need more pages than the limit holds, so the allocator cannot place
+// them and best fit moves hundreds of pages and waits on the host several
+// times every step. The Engine plans again a little below the limit, and
+// the last steps run at their planned places, moving a quarter of the
+// pages at most (a few blocks off their places, as the host's timing
+// goes) with one host wait at most, for no more than 5% more simulated
+// time.
+func TestPlacementAsksForATighterPlan(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the public traces are slow under the race detector")
+	}
+	tr := shared(t, "llama16-bf16.jsonl.gz")
+	path := testtraces.Path(t, "llama16-bf16.kernels.json.gz")
+	kt, err := trace.ReadKernelsFile(path)
+	require.NoError(t, err)
+	const scale = 64
+	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.45)
+	l := replay.HostLink(scale)
+	dev, err := host.New(limit, host.WithPageSize(replay.PageAtScale(limit, scale)), host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
+	require.NoError(t, err)
+	defer dev.Close()
+	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 3, Limit: limit, Recompute: true, Kernels: kt, KernelsFrom: path,
+		Timing:  &replay.Timing{Launch: replay.HostKernel(dev)},
+		Options: []chameleon.Option{chameleon.WithDetection(seq.DefaultConfig()), chameleon.WithLinkBandwidth(l.D2H)}})
+	if rep != nil && rep.Engine != nil {
+		defer rep.Engine.Close()
+	}
+	require.NoError(t, err)
+	assert.Zero(t, rep.FailedUses, rep.Failures)
+	var stable []replay.IterationReport
+	for _, x := range rep.PerIteration {
+		if x.Stage == "STABLE" {
+			stable = append(stable, x)
+		}
+	}
+	require.Greater(t, len(stable), 4)
+	for _, x := range stable {
+		t.Logf("round %d iteration %d: placed %d, missed %d, pages mapped %d, host waits %d, simulated %.2f ms", x.Round, x.Iter, x.Placed, x.Missed, x.MappedPages, x.HostWaits, x.SimulatedMS)
+	}
+	t.Logf("tightened %d, replans %d; STABLE simulated %.2f -> %.2f ms", rep.Stats.Tightened, rep.Replans, stable[0].SimulatedMS, stable[len(stable)-1].SimulatedMS)
+	assert.Positive(t, rep.Stats.Tightened, "the first policy could not be placed")
+	first := stable[0]
+	assert.Zero(t, first.Placed)
+	require.Greater(t, first.MappedPages, int64(100))
+	for _, x := range stable[len(stable)-3:] {
+		assert.Greater(t, x.Placed, 10*x.Missed, "round %d iteration %d", x.Round, x.Iter)
+		assert.LessOrEqual(t, x.MappedPages, first.MappedPages/4, "round %d iteration %d", x.Round, x.Iter)
+		assert.LessOrEqual(t, x.HostWaits, int64(1), "round %d iteration %d", x.Round, x.Iter)
+		assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
+		assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
+	}
+	assert.LessOrEqual(t, stable[len(stable)-1].SimulatedMS, 1.05*stable[0].SimulatedMS)
 }
