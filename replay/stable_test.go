@@ -221,7 +221,7 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 }
 
 // TestPlacementAsksForATighterPlan: llama16-bf16 with recomputes at 45% of
-// its peak (timed, kernel times, scale 1/64): the first policy's blocks
+// its peak (timed, kernel times, scale 1/64, five rounds): the first policy's blocks
 // need more pages than the limit holds, so the allocator cannot place
 // them and best fit moves hundreds of pages and waits on the host several
 // times every step. The Engine plans again a little below the limit, and
@@ -243,7 +243,7 @@ func TestPlacementAsksForATighterPlan(t *testing.T) {
 	dev, err := host.New(limit, host.WithPageSize(replay.PageAtScale(limit, scale)), host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
 	require.NoError(t, err)
 	defer dev.Close()
-	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 3, Limit: limit, Recompute: true, Kernels: kt, KernelsFrom: path,
+	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 5, Limit: limit, Recompute: true, Kernels: kt, KernelsFrom: path,
 		Timing:  &replay.Timing{Launch: replay.HostKernel(dev)},
 		Options: []chameleon.Option{chameleon.WithDetection(seq.DefaultConfig()), chameleon.WithLinkBandwidth(l.D2H)}})
 	if rep != nil && rep.Engine != nil {
