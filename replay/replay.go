@@ -80,6 +80,10 @@ type Report struct {
 	// Outgrown counts policies an iteration outgrew (Stats.Outgrown),
 	// each planned again from the next iteration without a warm-up.
 	Outgrown int `json:"outgrown"`
+	// Tightened counts policies planned again below the limit because
+	// their blocks needed more pages than the limit holds
+	// (Stats.Tightened).
+	Tightened int `json:"tightened"`
 	// PolicyFileError is why the policy file was not used, if it was not.
 	PolicyFileError string   `json:"policy_file_error,omitempty"`
 	Stages          []string `json:"stages"`
@@ -454,7 +458,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep.Evictions = st.Evictions
 	rep.KeptSwapOuts, rep.KeptBytes = st.KeptEvictions, st.KeptBytes
 	rep.PolicyUpdates = st.PolicyUpdates
-	rep.Outgrown = st.Outgrown
+	rep.Outgrown, rep.Tightened = st.Outgrown, st.Tightened
 	if cfg.PolicyFile != "" {
 		if err := eng.SavePolicyFile(cfg.PolicyFile); err != nil {
 			return rep, fmt.Errorf("replay: %w", err)
