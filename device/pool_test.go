@@ -420,20 +420,30 @@ func TestAllocatorPrefersIdleBlock(t *testing.T) {
 	_ = sep
 }
 
+// pendingEvents returns a new stream of d held busy until the test ends
+// and n events recorded on it behind that work: pending for the whole
+// test (a completed one would need no wait).
+func pendingEvents(t *testing.T, d *counting, n int) (device.Stream, []device.Event) {
+	t.Helper()
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	hold := make(chan struct{})
+	require.NoError(t, d.Device.(*host.Device).Launch(s, func() { <-hold }))
+	t.Cleanup(func() { close(hold) })
+	evs := make([]device.Event, n)
+	for i := range evs {
+		evs[i], err = d.NewEvent()
+		require.NoError(t, err)
+		require.NoError(t, d.Record(evs[i], s))
+	}
+	return s, evs
+}
+
 func TestAllocatorWaitsOnOldestFree(t *testing.T) {
 	d := newCounting(t, 64<<20)
 	a := newAllocator(t, d, 1<<20)
-	s1, err := d.NewStream()
-	require.NoError(t, err)
-	evA, err := d.NewEvent()
-	require.NoError(t, err)
-	evB, err := d.NewEvent()
-	require.NoError(t, err)
-	hold := make(chan struct{})
-	require.NoError(t, d.Device.(*host.Device).Launch(s1, func() { <-hold }))
-	defer close(hold)
-	require.NoError(t, d.Record(evA, s1))
-	require.NoError(t, d.Record(evB, s1))
+	s1, evs := pendingEvents(t, d, 2)
+	evA, evB := evs[0], evs[1]
 
 	const k = 1 << 10
 	y, err := a.Alloc(256*k, 0) // lower address
@@ -462,14 +472,8 @@ func TestAllocatorWaitsOnOldestFree(t *testing.T) {
 func TestAllocatorWaitsOnlyForItsOwnBytes(t *testing.T) {
 	d := newCounting(t, 64<<20)
 	a := newAllocator(t, d, 1<<20)
-	s1, err := d.NewStream()
-	require.NoError(t, err)
-	busy, err := d.NewEvent()
-	require.NoError(t, err)
-	hold := make(chan struct{})
-	require.NoError(t, d.Device.(*host.Device).Launch(s1, func() { <-hold }))
-	defer close(hold)
-	require.NoError(t, d.Record(busy, s1))
+	s1, evs := pendingEvents(t, d, 1)
+	busy := evs[0]
 
 	const k = 1 << 10
 	idle, err := a.Alloc(256*k, 0) // lower address

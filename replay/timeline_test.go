@@ -49,22 +49,7 @@ func TestTimelineSplitsTheStep(t *testing.T) {
 			assert.GreaterOrEqual(t, s.IssuedUS, rep.Timeline[i-1].IssuedUS, "the host queues them in order")
 		}
 	}
-	var buf bytes.Buffer
-	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline, rep.TimelineCopies))
-	var ct struct {
-		TraceEvents []struct {
-			Ph  string `json:"ph"`
-			TID int    `json:"tid"`
-		} `json:"traceEvents"`
-	}
-	require.NoError(t, json.Unmarshal(buf.Bytes(), &ct))
-	kernels := 0
-	for _, e := range ct.TraceEvents {
-		if e.Ph == "X" && e.TID == 1 {
-			kernels++
-		}
-	}
-	assert.Equal(t, len(rep.Timeline), kernels)
+	assert.Equal(t, len(rep.Timeline), tracks(t, rep)[1])
 }
 
 // TestTimelineStampsCopies: on a device that stamps its copies, each
@@ -116,6 +101,14 @@ func TestTimelineStampsCopies(t *testing.T) {
 			shown++
 		}
 	}
+	per := tracks(t, rep)
+	assert.Equal(t, shown, per[4]+per[5], "one slice per copy on the link tracks")
+}
+
+// tracks writes rep's timeline as Chrome trace JSON and counts its
+// slices per track.
+func tracks(t *testing.T, rep *replay.Report) map[int]int {
+	t.Helper()
 	var buf bytes.Buffer
 	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline, rep.TimelineCopies))
 	var ct struct {
@@ -125,13 +118,13 @@ func TestTimelineStampsCopies(t *testing.T) {
 		} `json:"traceEvents"`
 	}
 	require.NoError(t, json.Unmarshal(buf.Bytes(), &ct))
-	copies := 0
+	n := map[int]int{}
 	for _, e := range ct.TraceEvents {
-		if e.Ph == "X" && (e.TID == 4 || e.TID == 5) {
-			copies++
+		if e.Ph == "X" {
+			n[e.TID]++
 		}
 	}
-	assert.Equal(t, shown, copies)
+	return n
 }
 
 // TestTimelineSlotsAreChecked: a slot outside the timeline is an error,
