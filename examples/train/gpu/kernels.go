@@ -322,9 +322,16 @@ func (k *Kernels) Gemm(tA, tB bool, m, n, kk int, alpha float32, a, b device.Dev
 	}
 	// Host scalars: cuBLAS reads them before the call returns.
 	k.sc.alpha, k.sc.beta = alpha, beta
+	// The context current on this goroutine's OS thread, as for a launch:
+	// goroutines move between threads, and one the CUDA runtime has not
+	// touched yet may have none.
+	if err := k.ctx.Enter(); err != nil {
+		return fmt.Errorf("gpu: gemm: %w", err)
+	}
 	rc, _, _ := purego.SyscallN(k.bl.sgemm, k.handle, opB, opA, uintptr(n), uintptr(m), uintptr(kk),
 		uintptr(unsafe.Pointer(&k.sc.alpha)), uintptr(b), uintptr(ldb), uintptr(a), uintptr(lda),
 		uintptr(unsafe.Pointer(&k.sc.beta)), uintptr(c), uintptr(n))
+	k.ctx.Leave()
 	return k.bl.check(fmt.Sprintf("cublasSgemm_v2 %dx%dx%d", m, n, kk), int32(rc))
 }
 
