@@ -224,13 +224,14 @@ type Engine struct {
 	// next plan leaves headroom for growth (plan.Input.Growing).
 	outgrown bool
 	// placeFit is the share of the limit plans aim at (1 at first): each
-	// policy the allocator could not place for its pages lowers it by the
-	// share that would have fit (Stats.Tightened). refusals is the
-	// allocator's count of refused placements seen.
+	// policy whose blocks the allocator found to need more pages than the
+	// limit holds lowers it by the share that would have fit
+	// (Stats.Tightened). refusals is the allocator's count of such plans
+	// seen (Allocator.PageShortfalls).
 	placeFit float64
 	refusals int64
-	// superseded are the keys of the policies placement refused, to leave
-	// the cache once their replacement is planned.
+	// superseded are the keys of the policies replaced for placement, to
+	// leave the cache once their replacement is planned.
 	superseded []policyKey
 	// lastBytes is the last iteration's allocated bytes, grew how many
 	// iterations in a row they rose (outgrew).
@@ -267,9 +268,10 @@ type Stats struct {
 	// iteration's profile, staying STABLE (a decode loop's growing cache).
 	Outgrown int
 	// Tightened counts policies planned again below the limit because
-	// the allocator could not place their blocks in the limit's pages
-	// (WithPlacement): the next plan aims lower by the share that would
-	// have fit, down to minPlaceFit of the limit.
+	// their blocks needed more pages than the limit holds (the allocator
+	// refused to place them, or moved pages each step for them;
+	// WithPlacement): the next plan aims lower by the share that would
+	// have fit, down to 90% of the limit.
 	Tightened       int
 	Infeasible      int   // planning runs that found no plan under the limit
 	SwapsOut        int64 // copies to the host (planned and on demand)

@@ -411,8 +411,8 @@ func (it *Iteration) End() Result {
 			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
 		} else {
 			e.policy = pol
-			// A tighter plan takes the place of those placement refused,
-			// in the cache and any policy file.
+			// A tighter plan takes the place of those replaced for
+			// placement, in the cache and any policy file.
 			for _, k := range e.superseded {
 				if k != pol.key {
 					e.cache.drop(k)
