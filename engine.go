@@ -231,8 +231,10 @@ type Engine struct {
 	placeFit float64
 	refusals int64
 	// superseded are the keys of the policies replaced for placement, to
-	// leave the cache once their replacement is planned.
+	// leave the cache once their replacement is planned; tighten says the
+	// next plan is such a replacement.
 	superseded []policyKey
+	tighten    bool
 	// lastBytes is the last iteration's allocated bytes, grew how many
 	// iterations in a row they rose (outgrew).
 	lastBytes int64
@@ -258,7 +260,7 @@ type Detector interface {
 // Stats are the Engine's running totals.
 type Stats struct {
 	Iterations    int
-	Replans       int // policies planned from a detailed profile
+	Replans       int // policies planned from a detailed profile (a replacement for placement: Tightened)
 	CacheHits     int // policies reused from the cache on a sequence seen before
 	StaleDrops    int // cached policies dropped because their tensors no longer matched
 	PolicyUpdates int // cached policies updated to another limit, link or device (a differential update, not a replan)
@@ -268,10 +270,10 @@ type Stats struct {
 	// iteration's profile, staying STABLE (a decode loop's growing cache).
 	Outgrown int
 	// Tightened counts policies planned again below the limit because
-	// their blocks needed more pages than the limit holds (the allocator
-	// refused to place them, or moved pages each step for them;
-	// WithPlacement): the next plan aims lower by the share that would
-	// have fit, down to 90% of the limit.
+	// the blocks of the one in force needed more pages than the limit
+	// holds (the allocator refused to place them, or moved pages each step
+	// for them; WithPlacement): each aims lower by the share that would
+	// have fit, down to 90% of the limit. They are not counted in Replans.
 	Tightened       int
 	Infeasible      int   // planning runs that found no plan under the limit
 	SwapsOut        int64 // copies to the host (planned and on demand)

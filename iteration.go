@@ -370,6 +370,7 @@ func (it *Iteration) End() Result {
 	d := e.life.end(obs)
 	if d.drop {
 		e.policy = nil
+		e.tighten = false
 	}
 	if d.stale {
 		e.cache.drop(e.policy.key)
@@ -380,7 +381,7 @@ func (it *Iteration) End() Result {
 		e.outgrown = true // its replacement is planned with headroom
 	}
 	if d.unplaced {
-		e.stats.Tightened++
+		e.tighten = true
 		e.superseded = append(e.superseded, e.policy.key)
 	}
 	if d.adopt {
@@ -422,7 +423,12 @@ func (it *Iteration) End() Result {
 			e.cache.put(pol)
 			e.outgrown = false
 			r.Planned = true
-			e.stats.Replans++
+			if e.tighten {
+				e.stats.Tightened++ // not a replan: the same sequence, placed
+				e.tighten = false
+			} else {
+				e.stats.Replans++
+			}
 			if d.adoptPlanned {
 				e.det.Adopt()
 			}

@@ -227,8 +227,8 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 // times every step. The Engine plans again a little below the limit, and
 // the last steps run at their planned places, moving a quarter of the
 // pages at most (a few blocks off their places, as the host's timing
-// goes) with one host wait at most, for no more than 5% more simulated
-// time.
+// goes) and waiting on the host half as often at most, for no more than
+// 5% more simulated time.
 func TestPlacementAsksForATighterPlan(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the public traces are slow under the race detector")
@@ -266,12 +266,17 @@ func TestPlacementAsksForATighterPlan(t *testing.T) {
 	first := stable[0]
 	assert.Zero(t, first.Placed)
 	require.Greater(t, first.MappedPages, int64(100))
+	var waitsBefore, waitsAfter int64
+	for _, x := range stable[:3] {
+		waitsBefore += x.HostWaits
+	}
 	for _, x := range stable[len(stable)-3:] {
+		waitsAfter += x.HostWaits
 		assert.Greater(t, x.Placed, 10*x.Missed, "round %d iteration %d", x.Round, x.Iter)
 		assert.LessOrEqual(t, x.MappedPages, first.MappedPages/4, "round %d iteration %d", x.Round, x.Iter)
-		assert.LessOrEqual(t, x.HostWaits, int64(1), "round %d iteration %d", x.Round, x.Iter)
 		assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
 		assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
 	}
+	assert.LessOrEqual(t, 2*waitsAfter, waitsBefore, "host waits in the last three STABLE iterations against the first three")
 	assert.LessOrEqual(t, stable[len(stable)-1].SimulatedMS, 1.05*stable[0].SimulatedMS)
 }
