@@ -409,6 +409,9 @@ func (it *Iteration) End() Result {
 			// executor keep its iterations under the limit meanwhile.
 			r.PlanError = err
 			e.stats.Infeasible++
+			// A replacement for placement that found no plan: the policy
+			// in force stays, in the cache too.
+			e.tighten, e.superseded = false, e.superseded[:0]
 			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
 		} else {
 			e.policy = pol
