@@ -85,8 +85,10 @@ func (c *CopyStamps) Around(s device.Stream, toHost bool, bytes int64, copy func
 	if err := copy(); err != nil {
 		return err
 	}
-	if err := c.stamp(s, c.base+2*k+1); err != nil {
-		return fmt.Errorf("timeline: copy stamp: %w", err)
+	if c.stamp(s, c.base+2*k+1) != nil {
+		// The copy is queued: its caller must not take it for failed.
+		// It goes unstamped.
+		return nil
 	}
 	c.mu.Lock()
 	c.pending = append(c.pending, pendingCopy{toHost: toHost, bytes: bytes, k: k})
