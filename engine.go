@@ -198,11 +198,10 @@ type Engine struct {
 	window  []int             // victims' indices into scratch
 	nextID  trace.TensorID
 	serial  uint64
-	liveB   int64 // bytes of unfreed tensors, resident or not
-	// relB is the bytes of those released but not freed yet (held for a
-	// recompute that reads them, or to be made again): a profile counts
-	// them gone at their release, as a run without the policy would.
-	relB   int64
+	// liveB is the bytes of unreleased tensors, resident or not: a
+	// released one a recompute still holds, or makes again, counts gone,
+	// as a run without the policy would have it (the profile's Mem).
+	liveB  int64
 	policy *policy
 	// placedFor is the policy the allocator's placement follows (nil:
 	// none), so that a new policy starts a new recording.
@@ -226,10 +225,10 @@ type Engine struct {
 	// placeFit is the share of the limit plans aim at (1 at first): each
 	// policy whose blocks the allocator found to need more pages than the
 	// limit holds lowers it by the share that would have fit
-	// (Stats.Tightened). refusals is the allocator's count of such plans
-	// seen (Allocator.PageShortfalls).
-	placeFit float64
-	refusals int64
+	// (Stats.Tightened). shortfalls is the allocator's count of such
+	// plans seen (Allocator.PageShortfalls).
+	placeFit   float64
+	shortfalls int64
 	// superseded are the keys of the policies replaced for placement, to
 	// leave the cache once their replacement is planned; tighten says the
 	// next plan is such a replacement.
@@ -532,7 +531,7 @@ func (e *Engine) Release(t *Tensor) error {
 		return ErrClosed
 	}
 	t.released = true
-	e.relB += t.size
+	e.liveB -= t.size
 	if p := e.policy; p != nil && t.state == dropped && t.rc >= 0 {
 		p.abandon(e, t.rc) // never made again: its inputs need not wait
 	}
@@ -574,8 +573,6 @@ func (e *Engine) unkeep(t *Tensor) error {
 
 // free gives a released tensor's memory back.
 func (e *Engine) free(t *Tensor) error {
-	e.liveB -= t.size
-	e.relB -= t.size
 	last := e.live[len(e.live)-1]
 	e.live[t.slot], last.slot = last, t.slot
 	e.live = e.live[:len(e.live)-1]

@@ -269,7 +269,7 @@ func (it *Iteration) record(op *Op) {
 	it.hostRecompute = append(it.hostRecompute, op.Recompute != nil)
 	it.detail.Ops = append(it.detail.Ops, trace.Op{
 		Seq: it.op, Name: op.Name, Overload: op.Overload, Phase: op.Phase, Module: op.Module,
-		In: ids(op.In), Out: ids(op.Out), Mem: e.liveB - e.relB, FLOPs: op.FLOPs, IOBytes: op.Bytes,
+		In: ids(op.In), Out: ids(op.Out), Mem: e.liveB, FLOPs: op.FLOPs, IOBytes: op.Bytes,
 	})
 }
 

@@ -234,10 +234,10 @@ func (e *Engine) unplaced() bool {
 		return false
 	}
 	n, fit := e.alloc.PageShortfalls()
-	if n == e.refusals {
+	if n == e.shortfalls {
 		return false
 	}
-	e.refusals = n
+	e.shortfalls = n
 	if e.policy == nil || !e.policy.here {
 		return false // a policy from a file or another rank runs as it came
 	}

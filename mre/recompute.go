@@ -570,7 +570,10 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 		first  float64 // the iteration after one plan-simulate round
 	}
 	var trials []trial
+	// bestPicked is the best policy's recomputes, bestFirst their
+	// iteration after one plan-simulate round.
 	var bestPicked []rcand
+	var bestFirst float64
 	screen := cfg
 	screen.rounds = 1
 	try := func(picked []rcand) error {
@@ -584,7 +587,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 		}
 		trials = append(trials, trial{picked, pol.Sim.IterationUS})
 		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
-			best, bestPicked = pol, picked
+			best, bestPicked, bestFirst = pol, picked, pol.Sim.IterationUS
 		}
 		return nil
 	}
@@ -645,7 +648,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			return nil, err // the first round met the limit: so do the rest
 		}
 		if pol.Sim.IterationUS < best.Sim.IterationUS {
-			best, bestPicked = pol, tr.picked
+			best, bestPicked, bestFirst = pol, tr.picked, tr.first
 		}
 	}
 	if best == nil {
@@ -660,19 +663,11 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	if best.Sim.StallUS < stallFloor*base {
 		return best, nil
 	}
-	cur, sim := bestPicked, best.Sim
-	var curUS float64
-	for r := range stallRounds {
+	cur, sim, curUS := bestPicked, best.Sim, bestFirst
+	for range stallRounds {
 		more := addAtStall(rcs, need, cur, sim, cfg.link.D2HShared)
 		if more == nil {
 			break
-		}
-		if r == 0 {
-			pol, err := planWith(in, curve, screen, cur)
-			if err != nil {
-				break
-			}
-			curUS = pol.Sim.IterationUS
 		}
 		pol, err := planWith(in, curve, screen, more)
 		if err != nil || pol.Sim.IterationUS >= curUS {

@@ -9,11 +9,9 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device/host"
-	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 // replayAt replays name at pct of its peak, scaled, for at least 14
@@ -234,9 +232,7 @@ func TestPlacementAsksForATighterPlan(t *testing.T) {
 		t.Skip("the public traces are slow under the race detector")
 	}
 	tr := shared(t, "llama16-bf16.jsonl.gz")
-	path := testtraces.Path(t, "llama16-bf16.kernels.json.gz")
-	kt, err := trace.ReadKernelsFile(path)
-	require.NoError(t, err)
+	kt, path := publicKernels(t, "llama16-bf16")
 	const scale = 64
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.45)
 	l := replay.HostLink(scale)

@@ -187,14 +187,22 @@ func TestOpTimesRefusesOtherSequence(t *testing.T) {
 	assert.Contains(t, err.Error(), "timed op 5 is aten::bogus")
 }
 
+// publicKernels reads the kernel-times file of public trace name (no
+// extension) and returns it with its path.
+func publicKernels(t *testing.T, name string) (*trace.Kernels, string) {
+	t.Helper()
+	path := testtraces.Path(t, name+".kernels.json.gz")
+	kt, err := trace.ReadKernelsFile(path)
+	require.NoError(t, err)
+	return kt, path
+}
+
 // The kernel-times files of the public traces time their traces.
 func TestOpTimesPublicKernels(t *testing.T) {
 	for _, name := range []string{"llama16-bf16", "llama7b-8l-bf16", "mixtral8-eager-bf16"} {
 		t.Run(name, func(t *testing.T) {
 			tr := shared(t, name+".jsonl.gz")
-			path := testtraces.Path(t, name+".kernels.json.gz")
-			kt, err := trace.ReadKernelsFile(path)
-			require.NoError(t, err)
+			kt, path := publicKernels(t, name)
 			times, bases, err := replay.OpTimes(tr, kt, path)
 			require.NoError(t, err)
 			n := 0
@@ -248,9 +256,7 @@ func TestTimedReplayPublicKernels(t *testing.T) {
 		t.Skip("under the race detector, the bundled trace only")
 	}
 	tr := shared(t, "llama16-bf16.jsonl.gz")
-	path := testtraces.Path(t, "llama16-bf16.kernels.json.gz")
-	kt, err := trace.ReadKernelsFile(path)
-	require.NoError(t, err)
+	kt, path := publicKernels(t, "llama16-bf16")
 	times, _, err := replay.OpTimes(tr, kt, path)
 	require.NoError(t, err)
 	rep, _ := timed(t, tr, 4096, 2, replay.Timing{}, replay.Config{Kernels: kt, KernelsFrom: path})
