@@ -219,28 +219,27 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 }
 
 // TestPlacementAsksForATighterPlan: llama16-bf16 with recomputes at 45% of
-// its peak (timed, kernel times, scale 1/64, five rounds): the first policy's blocks
-// need more pages than the limit holds, so the allocator cannot place
-// them and best fit moves hundreds of pages and waits on the host several
-// times every step. The Engine plans again a little below the limit, and
-// the last steps run at their planned places, moving a quarter of the
-// pages at most (a few blocks off their places, as the host's timing
-// goes) and waiting on the host half as often at most, for no more than
-// 5% more simulated time.
+// its peak (kernel times, planned on the H200 link, scale 1/1024, five
+// rounds; not timed: a timed replay's host waits made placement's outcome
+// vary on a loaded machine): the first policy's blocks need more pages
+// than the limit holds, so the allocator cannot place them and best fit
+// moves hundreds of pages every step. The Engine plans again a little
+// below the limit, and the last steps run at their planned places, moving
+// a quarter of the pages at most and waiting on the host no more than
+// half as often, for no more than 5% more simulated time.
 func TestPlacementAsksForATighterPlan(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the public traces are slow under the race detector")
 	}
 	tr := shared(t, "llama16-bf16.jsonl.gz")
 	kt, path := publicKernels(t, "llama16-bf16")
-	const scale = 64
+	const scale = 1024
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.45)
 	l := replay.HostLink(scale)
-	dev, err := host.New(limit, host.WithPageSize(replay.PageAtScale(limit, scale)), host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
+	dev, err := host.New(limit, host.WithPageSize(replay.PageAtScale(limit, scale)))
 	require.NoError(t, err)
 	defer dev.Close()
 	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 5, Limit: limit, Recompute: true, Kernels: kt, KernelsFrom: path,
-		Timing:  &replay.Timing{Launch: replay.HostKernel(dev)},
 		Options: []chameleon.Option{chameleon.WithDetection(seq.DefaultConfig()), chameleon.WithLinkBandwidth(l.D2H)}})
 	if rep != nil && rep.Engine != nil {
 		defer rep.Engine.Close()
