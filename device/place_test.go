@@ -324,3 +324,107 @@ func TestTickOutOfRange(t *testing.T) {
 	_, err = a.Alloc(1000, 0)
 	require.NoError(t, err)
 }
+
+// TestRepeatPlacesBlocksKeptAcrossSteps: a step whose backward pass asks
+// for blocks it keeps into the next step, which frees them before asking
+// for them again (gradients that the optimizer's step reads). Those
+// blocks get planned places too, rather than walling in the others where
+// best fit first put them: under a limit a page over the step's
+// peak, every request is placed, every byte kept, and once placed no page
+// moves.
+func TestRepeatPlacesBlocksKeptAcrossSteps(t *testing.T) {
+	for seed := range uint64(8) {
+		keptAcrossSteps(t, seed)
+	}
+}
+
+func keptAcrossSteps(t *testing.T, seed uint64) {
+	const page, n, reps = 4 << 10, 16, 8
+	r := rand.New(rand.NewPCG(seed, 5))
+	odd := func(pages int64) int64 { return page*pages - 512*r.Int64N(2*pages) }
+	var act, grad, tmp [n]int64
+	for i := range n {
+		act[i], grad[i], tmp[i] = odd(3+r.Int64N(6)), odd(1+r.Int64N(4)), odd(1+r.Int64N(3))
+	}
+	// The step's peak, weights (a tenth of it) included, rounded up to
+	// pages; the limit leaves one page more.
+	var cur, peak int64
+	use := func(b int64) { cur += (b + 511) &^ 511; peak = max(peak, cur) }
+	for i := range n {
+		use(act[i])
+		use(tmp[i])
+		use(-tmp[i])
+	}
+	for i := n - 1; i >= 0; i-- {
+		use(grad[i])
+		use(tmp[i])
+		use(-act[i])
+		use(-tmp[i])
+	}
+	weights := (peak/10 + 511) &^ 511
+	limit := (peak+weights+page-1)/page*page + page
+	d, a := newMapped(t, limit, page)
+	_, err := a.Alloc(weights, 0)
+	require.NoError(t, err)
+	type live struct {
+		p    device.DevPtr
+		fill []byte
+	}
+	var kept [n]live
+	var st []device.Stats
+	for rep := range reps {
+		a.Repeat(true)
+		if rep == 0 {
+			_, err := a.Alloc(2*limit, 0) // refused: placement starts
+			require.ErrorIs(t, err, device.ErrOutOfMemory)
+		}
+		tick := 0
+		next := func() { a.Tick(tick); tick++ }
+		alloc := func(size int64, id int) live {
+			next()
+			p, err := a.Alloc(size, 0)
+			require.NoError(t, err, "seed %d, rep %d", seed, rep)
+			fill := make([]byte, size)
+			for i := range fill {
+				fill[i] = byte(id*13 + i + rep)
+			}
+			require.NoError(t, d.WriteDevice(p, fill))
+			return live{p, fill}
+		}
+		free := func(b live) {
+			next()
+			got := make([]byte, len(b.fill))
+			require.NoError(t, d.ReadDevice(got, b.p))
+			require.Equal(t, b.fill, got, "seed %d, rep %d: a block lost its bytes", seed, rep)
+			require.NoError(t, a.Free(b.p))
+		}
+		// The optimizer step reads the last step's gradients and frees
+		// them.
+		for i := range n {
+			if rep == 0 {
+				next() // the same steps, with nothing to free yet
+			} else {
+				free(kept[i])
+			}
+		}
+		var acts [n]live
+		for i := range n {
+			acts[i] = alloc(act[i], i)
+			free(alloc(tmp[i], 100+i))
+		}
+		for i := n - 1; i >= 0; i-- {
+			kept[i] = alloc(grad[i], 200+i)
+			t := alloc(tmp[i], 300+i)
+			free(acts[i])
+			free(t)
+		}
+		st = append(st, a.Stats())
+		require.LessOrEqual(t, d.PeakAllocated(), limit)
+	}
+	last := reps - 1
+	t.Logf("seed %d: limit %d pages; last repetition: placed %d, missed %d, plans %d, pages mapped %d", seed, limit/page,
+		st[last].Placed-st[last-1].Placed, st[last].Missed-st[last-1].Missed, st[last].Placements, st[last].MappedPages-st[last-1].MappedPages)
+	assert.Equal(t, int64(4*n), st[last].Placed-st[last-1].Placed, "seed %d: every request at its place", seed)
+	assert.Zero(t, st[last].Missed-st[last-1].Missed, "seed %d", seed)
+	assert.Zero(t, st[last].MappedPages-st[last-1].MappedPages, "seed %d: no page moves once placed", seed)
+}

@@ -36,6 +36,7 @@ type placer struct {
 	// repetition began.
 	movedAt, waitsAt, failsAt int64
 	bad                       int  // repetitions in a row that missed too many places
+	deferred                  bool // a strained repetition's plan waits for the next (keepsAny)
 	heldOver                  bool // the last repetition's small outlived blocks did not plan again (outlived)
 	// outlives are the requests (by key) seen in use at the end of a
 	// repetition: each gets places of its own, taken in turn, whatever
@@ -138,7 +139,11 @@ func (p *pool) unplan() {
 // Placement starts only after a repetition best fit served with trouble:
 // pages mapped, a host wait, a request refused. Otherwise best fit stays,
 // and it hands out memory no copy still uses where it can, while a
-// planned block may have to wait for one on the device.
+// planned block may have to wait for one on the device. A block still in
+// use at the end of a repetition that the next frees before asking for it
+// again (a gradient the next step's optimizer reads) is planned a place
+// like the others; the plan waits for a second repetition when the first
+// one recorded leaves blocks in use, to see which those are.
 //
 // Placement changes where blocks go, never what a block holds or which
 // waits guard it: a planned block is served like any other, behind the
@@ -160,7 +165,7 @@ func (a *Allocator) Repeat(same bool) {
 	}
 	if !same {
 		pl.plan, pl.planKey, pl.placing, pl.replans, pl.gaveUp, pl.outlives = pl.plan[:0], nil, false, 0, false, nil
-		pl.bad = 0
+		pl.bad, pl.deferred = 0, false
 		p.unplan()
 	}
 	held := pl.heldOver
@@ -182,14 +187,21 @@ func (a *Allocator) Repeat(same bool) {
 		}
 	case pl.bad > 0 && !outlived:
 		pl.bad = 0
-	case !pl.placing && !p.strained():
+	case !pl.placing && !p.strained() && !pl.deferred:
 		// Best fit served the repetition with no page moved, no host
 		// wait and no request refused: it stays, for a block it hands out
 		// is one no copy still uses, where a planned one may be.
+	case !pl.placing && len(pl.prevKeys) == 0 && pl.keepsAny():
+		// Blocks it asked for are in use at its end, and without the
+		// repetition before it nothing tells whether the next one frees
+		// them before asking again (gradients the next step's optimizer
+		// reads) or keeps them past that: the next one will.
+		pl.deferred = true
 	case !pl.placing || ((pl.missed*missedShare > len(pl.recs) || outlived || displaced) && pl.replans < maxReplans):
 		if pl.placing {
 			pl.replans++
 		}
+		pl.deferred = false
 		pl.placing = p.planPlacement()
 		if !pl.placing {
 			pl.gaveUp = true
@@ -281,6 +293,17 @@ func (pl *placer) freed(b *block, reuse int32) {
 		}
 	}
 	pl.clock++
+}
+
+// keepsAny reports whether a block the repetition asked for is in use at
+// its end.
+func (pl *placer) keepsAny() bool {
+	for _, r := range pl.recs {
+		if !r.freed {
+			return true
+		}
+	}
+	return false
 }
 
 func (pl *placer) key() uint64 { return uint64(pl.step)<<32 | uint64(uint32(pl.inStep)) }
@@ -422,19 +445,24 @@ func (p *pool) planPlacement() bool {
 			pl.plan[k].inRep = true
 			continue
 		}
-		// In use at the end (or seen so before): it stays where it is. A
-		// block that the next repetition frees before asking for it again
-		// comes back there.
+		// In use at the end (or seen so before). A block that the next
+		// repetition frees before asking for it again is placed like the
+		// others, with its tail and head as its life: left where best fit
+		// put it, it would wall in the blocks packed around it. Where it
+		// is now stays in use until the next repetition frees it, so in
+		// that one repetition a block planned onto it meanwhile misses
+		// its place.
 		l := life{n: 2, iv: [2]span{{r.start, end}, {0, end}}}
 		if c, ok := head[r.key]; ok && c.size == r.size && c.at < r.start && !r.freed {
 			l.iv[1] = span{0, c.at + 1}
-			pl.plan[k].addr = r.addr
-		} else {
-			// It outlives the next repetition's request for it: two
-			// places of its own, taken in turn.
-			items = append(items, placeItem{size: r.size, life: whole}, placeItem{size: r.size, life: whole})
-			idx = append(idx, k, -1-k)
+			items = append(items, placeItem{size: r.size, life: l})
+			idx = append(idx, k)
+			continue
 		}
+		// It outlives the next repetition's request for it: two places
+		// of its own, taken in turn.
+		items = append(items, placeItem{size: r.size, life: whole}, placeItem{size: r.size, life: whole})
+		idx = append(idx, k, -1-k)
 		if !r.freed {
 			fixed = append(fixed, placed{addr: r.addr, size: r.size, life: l})
 		}
