@@ -229,6 +229,12 @@ type Engine struct {
 	// plans seen (Allocator.PageShortfalls).
 	placeFit   float64
 	shortfalls int64
+	// fitBefore is placeFit before the tightening under way, back in
+	// force if it finds no plan; the policy in force then stays as it is
+	// (unplacedKey, valid with unplacedSet).
+	fitBefore   float64
+	unplacedKey policyKey
+	unplacedSet bool
 	// superseded are the keys of the policies replaced for placement, to
 	// leave the cache once their replacement is planned; tighten says the
 	// next plan is such a replacement.

@@ -398,9 +398,12 @@ func (it *Iteration) End() Result {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
 		e.tm.measure(len(it.detail.Ops))
 		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
+		for try := 0; err != nil && e.tighten && try < maxTightenTries && e.closerFit(err); try++ {
+			pol, pr, err = e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
+		}
 		e.tm.planned(pol, pr)
 		if err == nil && pr.Exec != nil {
-			pol.simMS = pr.Exec.IterationUS / 1000
+			pol.simMS, pol.simPeak = pr.Exec.IterationUS/1000, pr.Exec.Peak
 		}
 		r.Plan = pr
 		e.life.planned(err == nil)
@@ -410,7 +413,12 @@ func (it *Iteration) End() Result {
 			r.PlanError = err
 			e.stats.Infeasible++
 			// A replacement for placement that found no plan: the policy
-			// in force stays, in the cache too.
+			// in force stays, in the cache too, and later plans aim where
+			// it did.
+			if e.tighten && e.policy != nil {
+				e.placeFit = e.fitBefore
+				e.unplacedKey, e.unplacedSet = e.policy.key, true
+			}
 			e.tighten, e.superseded = false, e.superseded[:0]
 			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
 		} else {

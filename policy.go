@@ -2,6 +2,7 @@ package chameleon
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/samber/lo"
@@ -9,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/chameleon-go/chameleon/match"
+	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/simulate"
@@ -56,6 +58,7 @@ type policy struct {
 	rcRemade [][]int32
 	matchRM  []int32 // per matcher index, its remade slot, -1
 	simMS    float64 // the simulated step of the plan, as the executor issues it
+	simPeak  int64   // the simulated peak of the plan's bytes (0: unknown)
 	// issue is when, and in which order, the copies are issued; env what
 	// the plan assumed (zero: unknown, a policy of a version 1 file); prof
 	// the profiled iteration it was planned from (nil: unknown), which a
@@ -226,9 +229,13 @@ func (e *Engine) planLimit() int64 {
 // unplaced reports whether the allocator found, since the last look, that
 // the blocks of the policy in force (planned by this Engine) need more
 // pages than the limit holds (it refused to place them, or moves pages
-// each step to), and lowers the share of the limit the next plan aims at by
-// the share that would have fit. It reports false once that would take
-// plans under minPlaceFit of the limit: best fit serves them then.
+// each step to), and lowers the share of the limit the next plan aims at to
+// the share of the policy's simulated peak that would have fit: a plan
+// whose peak sat under the limit already must come down from its peak,
+// not from the limit. The share goes no lower than minPlaceFit (taken once
+// where the fit asks for less); it reports false once a plan there was
+// not placed either, or for a policy whose tighter plan found none (see
+// closerFit): best fit serves them then.
 func (e *Engine) unplaced() bool {
 	if e.cfg.noPlace {
 		return false
@@ -241,8 +248,43 @@ func (e *Engine) unplaced() bool {
 	if e.policy == nil || !e.policy.here {
 		return false // a policy from a file or another rank runs as it came
 	}
-	next := e.placeFit * fit * placeMargin
-	if !(fit < 1) || next < minPlaceFit {
+	if !(fit < 1) || e.placeFit <= minPlaceFit || (e.unplacedSet && e.unplacedKey == e.policy.key) {
+		return false
+	}
+	from := e.placeFit
+	if pk := e.policy.simPeak; pk > 0 && e.cfg.limit > 0 {
+		from = min(from, float64(pk)/float64(e.cfg.limit))
+	}
+	e.fitBefore = e.placeFit
+	e.placeFit = max(from*fit*placeMargin, minPlaceFit)
+	return true
+}
+
+// maxTightenTries bounds the plans a tightening for placement makes
+// again, each at the least share of the limit the last one's error says
+// may be met, before the policy in force stays.
+const maxTightenTries = 2
+
+// feasibleMargin is the room a plan made again after an infeasible one
+// aims above the least share its error says may be met.
+const feasibleMargin = 1.002
+
+// closerFit reports whether a plan aiming lower for placement that found
+// no plan under its limit (err) may find one closer to the policy in
+// force: it sets the share the next plan aims at to the least the error
+// says may be met, with feasibleMargin's room above it, where that is
+// still under the policy's own peak.
+func (e *Engine) closerFit(err error) bool {
+	var ie *mre.InfeasibleError
+	if !errors.As(err, &ie) || e.cfg.limit <= 0 || ie.Shortfall <= 0 {
+		return false
+	}
+	next := float64(ie.Limit+ie.Shortfall) / float64(e.cfg.limit) * feasibleMargin
+	top := 1.0
+	if e.policy != nil && e.policy.simPeak > 0 {
+		top = float64(e.policy.simPeak) / float64(e.cfg.limit)
+	}
+	if next <= e.placeFit || next >= top {
 		return false
 	}
 	e.placeFit = next
