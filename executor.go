@@ -3,6 +3,7 @@ package chameleon
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/chameleon-go/chameleon/device"
@@ -50,7 +51,7 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 				ErrOutOfMemory, size, st.Allocated, st.Reserved, pinned, st.LargestFree, len(noHost))
 		}
 		for _, v := range vs {
-			if err := e.swapOut(v); err != nil {
+			if err := e.swapOutFrom(v, evictedFrom); err != nil {
 				if errors.Is(err, errNoPinned) {
 					noHost = append(noHost, v) // no copy queued: it stays
 					continue
@@ -67,6 +68,14 @@ func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
 		}
 	}
 }
+
+// evictedFrom is the step a forced eviction tells the allocator its
+// memory is done with (Allocator.FreeAfterFrom): past the repetition's
+// last. The schedule meant the tensor to stay, so a placement plan made
+// from this repetition keeps its memory taken to the end rather than
+// handing it to blocks that, in a repetition with no eviction, would find
+// the tensor still there.
+const evictedFrom = math.MaxInt32
 
 // evictCost is what evicting t costs, in bytes: its bytes, and for the
 // copy itself what the H200's link moves in the ~10 µs of a copy's launch

@@ -1,13 +1,16 @@
 package device_test
 
 import (
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/device/host"
 )
 
 // stepEvent is one request (size > 0) or free (size 0) of block id, in
@@ -79,6 +82,12 @@ func requestsOf(step []stepEvent) int64 {
 func runSteps(t *testing.T, step []stepEvent, page, limit int64, reps int, placing bool, change func(rep int, ev []stepEvent) []stepEvent) []device.Stats {
 	t.Helper()
 	d, a := newMapped(t, limit, page)
+	return runStepsOn(t, d, a, step, limit, reps, placing, change)
+}
+
+// runStepsOn is runSteps on the allocator a over d.
+func runStepsOn(t *testing.T, d *host.Device, a *device.Allocator, step []stepEvent, limit int64, reps int, placing bool, change func(rep int, ev []stepEvent) []stepEvent) []device.Stats {
+	t.Helper()
 	// Weights: in use through every step.
 	for range 6 {
 		_, err := a.Alloc(limit/40, 0)
@@ -184,6 +193,47 @@ func TestRepeatKeepsPlacesWhenAStepChanges(t *testing.T) {
 	assert.Equal(t, requests, placed)
 	assert.Zero(t, missed)
 	assert.Equal(t, int64(1), st[reps-1].Placements, "a few misses do not plan again")
+}
+
+// TestRepeatOffPlanOnASegment: on a segment of memory (no pages), a
+// repetition that asks for a block more in the middle of the step serves
+// it off the places the plan needs soonest, so the blocks after it keep
+// theirs and nothing is refused; a best-fit choice there would take the
+// next planned block's place.
+func TestRepeatOffPlanOnASegment(t *testing.T) {
+	const page, limit = 4 << 10, 512 * 4 << 10
+	var worst int64
+	for seed := range uint64(6) {
+		step := trainingStep(rand.New(rand.NewPCG(seed, 5)), page, limit)
+		requests := requestsOf(step)
+		const reps, odd = 6, 4
+		change := func(rep int, ev []stepEvent) []stepEvent {
+			if rep != odd {
+				return ev
+			}
+			// Three blocks more, asked for in the forward pass and freed
+			// in the backward.
+			out := slices.Clone(ev)
+			for k, at := range []int{len(ev) / 5, len(ev) / 4, len(ev) / 3} {
+				id := 1<<20 + k
+				out = slices.Insert(out, at+k, stepEvent{id: id, tick: ev[at].tick, size: 5000})
+				out = append(out, stepEvent{id: id, tick: ev[len(ev)-1].tick})
+			}
+			return out
+		}
+		d, err := host.New(limit)
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Close() })
+		a := device.NewAllocator(d)
+		t.Cleanup(func() { a.Close() })
+		require.NoError(t, a.Reserve(limit)) // one segment of the limit
+		st := runStepsOn(t, d, a, step, limit, reps, true, change)
+		placed, missed := st[odd].Placed-st[odd-1].Placed, st[odd].Missed-st[odd-1].Missed
+		t.Logf("seed %d: changed repetition placed %d, missed %d of %d", seed, placed, missed, requests)
+		worst = max(worst, missed)
+		assert.Equal(t, requests, st[reps-1].Placed-st[reps-2].Placed, "seed %d", seed)
+	}
+	assert.Zero(t, worst, "a block with no place took a planned one's")
 }
 
 // TestRepeatSmallOutlivedBlock: one repetition keeps its last, small
@@ -427,4 +477,59 @@ func keptAcrossSteps(t *testing.T, seed uint64) {
 	assert.Equal(t, int64(4*n), st[last].Placed-st[last-1].Placed, "seed %d: every request at its place", seed)
 	assert.Zero(t, st[last].Missed-st[last-1].Missed, "seed %d", seed)
 	assert.Zero(t, st[last].MappedPages-st[last-1].MappedPages, "seed %d: no page moves once placed", seed)
+}
+
+// TestRepeatKeepsMemoryFreedAgainstTheSchedule: a block freed with a step
+// past the repetition's last (a forced eviction) counts as taken to the end
+// of the repetition a plan is made from, so a repetition that keeps it
+// longer (no eviction this time) finds every planned place free.
+func TestRepeatKeepsMemoryFreedAgainstTheSchedule(t *testing.T) {
+	for _, from := range []int{math.MaxInt32, -1} {
+		const limit, size = 64 << 10, 16 << 10
+		d, err := host.New(limit)
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Close() })
+		a := device.NewAllocator(d)
+		t.Cleanup(func() { a.Close() })
+		require.NoError(t, a.Reserve(limit))
+		s, err := d.NewStream()
+		require.NoError(t, err)
+		ev, err := d.NewEvent()
+		require.NoError(t, err)
+		var st []device.Stats
+		for rep := range 3 {
+			a.Repeat(true)
+			if rep == 0 {
+				_, err := a.Alloc(2*limit, 0) // refused: placement starts
+				require.ErrorIs(t, err, device.ErrOutOfMemory)
+			}
+			a.Tick(0)
+			x, err := a.Alloc(size, 0)
+			require.NoError(t, err)
+			a.Tick(1)
+			if rep == 0 {
+				// Evicted: freed behind its copy out, against the schedule.
+				require.NoError(t, d.Record(ev, s))
+				require.NoError(t, a.FreeAfterFrom(x, ev, s, from))
+			}
+			a.Tick(2)
+			y, err := a.Alloc(size, 0)
+			require.NoError(t, err)
+			a.Tick(3)
+			require.NoError(t, a.Free(y))
+			a.Tick(4)
+			if rep > 0 {
+				require.NoError(t, a.Free(x)) // its natural end
+			}
+			st = append(st, a.Stats())
+		}
+		missed := st[2].Missed - st[0].Missed
+		if from < 0 {
+			// Freed at once by the plan's count, its place went to y.
+			assert.Positive(t, missed, "from %d", from)
+			continue
+		}
+		assert.Zero(t, missed, "from %d", from)
+		assert.Equal(t, int64(4), st[2].Placed-st[0].Placed, "from %d", from)
+	}
 }

@@ -30,6 +30,13 @@ type placer struct {
 	plan    []placeSpot
 	planKey map[uint64]int32
 	placing bool
+	// spans are, on segments (no pages), the plan's blocks' lives by
+	// address, for a block with no place of its own to keep off those
+	// needed soonest (pickOffPlan's counterpart); widest is the largest
+	// block among them and planEnd the clock the plan was made over.
+	spans   []planSpan
+	widest  int64
+	planEnd int32
 	replans int
 	gaveUp  bool
 	// The pool's pages mapped, host waits and refused requests when the
@@ -63,6 +70,12 @@ type placeRec struct {
 	// be reused (FreeAfterFrom), -1 when from its free.
 	reuse int32
 	freed bool
+}
+
+// planSpan is one interval of a planned block's life at its address.
+type planSpan struct {
+	addr, end uintptr
+	from, to  int32
 }
 
 type carriedFree struct {
@@ -111,6 +124,7 @@ const maxTickGap = 1 << 20
 
 // unplan forgets which pages a plan uses.
 func (p *pool) unplan() {
+	p.pl.spans = p.pl.spans[:0]
 	for si := range p.a.segs {
 		if pm := p.a.segs[si].pages; pm != nil {
 			pm.planned, pm.uses = nil, nil
@@ -258,7 +272,10 @@ func (a *Allocator) PageShortfalls() (n int64, fit float64) {
 // FreeAfterFrom is FreeAfter for memory the caller's schedule is done with
 // from step from (Tick) of the repetition on, later than its free: memory
 // freed behind a copy to the host that the plan expects to finish by then.
-// Planned placement lets later blocks reuse it only from then.
+// Planned placement lets later blocks reuse it only from then; a step past
+// the repetition's last (math.MaxInt32) keeps it taken to the end, for
+// memory freed against the schedule (a forced eviction), which the next
+// repetition may well keep.
 func (a *Allocator) FreeAfterFrom(ptr DevPtr, ev Event, s Stream, from int) error {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
@@ -363,6 +380,63 @@ func (pl *placer) spot(size int64) (uintptr, uintptr) {
 		return sp.alt, sp.addr
 	}
 	return sp.addr, sp.alt
+}
+
+// offPlanSpots bounds the free blocks pickOffSpans looks at.
+const offPlanSpots = 16
+
+// pickOffSpans is pickOffPlan on segments: among the best-fitting free
+// blocks, the room for size bytes (at either end of the block) that the
+// plan's blocks need again last, counted from now on the repetition's
+// clock, and none if one needs it not at all: the free block's index and
+// the offset in it, or -1 with no plan. A block with no place of its own
+// served by best fit alone lands on the place of the next planned block
+// as often as not, which then misses its place and lands on another's.
+func (p *pool) pickOffSpans(size int64) (int, int64) {
+	pl := &p.pl
+	if len(pl.spans) == 0 {
+		return -1, 0
+	}
+	now := pl.clock
+	// next is when the plan next needs [at, at+size): the soonest start
+	// of a life over it still to come, in this repetition or the next.
+	next := func(at uintptr) int64 {
+		soon := int64(math.MaxInt64)
+		lo := at - min(at, uintptr(pl.widest))
+		k, _ := slices.BinarySearchFunc(pl.spans, lo, func(x planSpan, a uintptr) int { return cmp.Compare(x.addr, a) })
+		for ; k < len(pl.spans) && pl.spans[k].addr < at+uintptr(size); k++ {
+			sp := &pl.spans[k]
+			if sp.end <= at {
+				continue
+			}
+			t := int64(sp.from)
+			switch {
+			case sp.to <= now:
+				t += int64(pl.planEnd) // over for now: needed next repetition
+			case sp.from < now:
+				t = int64(now) // its life is under way
+			}
+			soon = min(soon, t)
+		}
+		return soon
+	}
+	i := p.a.firstFit(size)
+	best, bestOff, bestNext := -1, int64(0), int64(-1)
+	for j := i; j < len(p.a.free) && j < i+offPlanSpots; j++ {
+		b := p.a.free[j]
+		for _, off := range [2]int64{0, b.size - size} {
+			if n := next(b.addr + uintptr(off)); n > bestNext {
+				best, bestOff, bestNext = j, off, n
+			}
+			if off == b.size-size {
+				break // the block fits size exactly
+			}
+		}
+		if bestNext == math.MaxInt64 {
+			break
+		}
+	}
+	return best, bestOff
 }
 
 // takePlanned serves need bytes at addr if that range is free and, on a
@@ -478,6 +552,19 @@ func (p *pool) planPlacement() bool {
 		} else {
 			pl.plan[k].addr = addrs[i]
 		}
+	}
+	pl.spans, pl.widest, pl.planEnd = pl.spans[:0], 0, end
+	if page == 0 {
+		for i, it := range items {
+			if addrs[i] == 0 {
+				continue
+			}
+			for _, v := range it.life.iv[:it.life.n] {
+				pl.spans = append(pl.spans, planSpan{addr: addrs[i], end: addrs[i] + uintptr(it.size), from: v.from, to: v.to})
+			}
+			pl.widest = max(pl.widest, it.size)
+		}
+		slices.SortFunc(pl.spans, func(x, y planSpan) int { return cmp.Compare(x.addr, y.addr) })
 	}
 	if page > 0 {
 		// The pages the plan uses: reclaiming moves others first.

@@ -242,6 +242,15 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		if b, err = p.takeMapped(need, ready); err != nil {
 			return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, err)
 		}
+	case p.pl.placing && len(p.pl.spans) > 0:
+		// A block with no place of its own keeps off the places the
+		// plan needs soonest (on pages, takeMapped's pickOffPlan).
+		if i, off := p.pickOffSpans(need); i >= 0 {
+			if off > 0 {
+				i = p.a.splitFree(i, off)
+			}
+			b = p.a.takeAt(i, need)
+		}
 	default:
 		b = p.a.take(need, ready)
 	}
