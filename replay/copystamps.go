@@ -22,6 +22,9 @@ type CopyTimeline interface {
 	Timeline
 	// Around queues copy on s between two stamps.
 	Around(s device.Stream, toHost bool, bytes int64, copy func() error) error
+	// AroundRecompute queues run, the kernels of a recompute of op, on s
+	// between two stamps; Copies returns it with Recompute set.
+	AroundRecompute(s device.Stream, op int, run func() error) error
 	// Copies returns the stamped copies whose stamps are in since the
 	// last call, oldest first; one still running is returned by a later
 	// call.
@@ -34,6 +37,10 @@ type CopyTimeline interface {
 type CopyStamp struct {
 	ToHost bool
 	Bytes  int64
+	// Recompute marks the stamps of a recompute of op Op (AroundRecompute),
+	// not a copy.
+	Recompute bool
+	Op        int
 	Stamp
 }
 
@@ -54,10 +61,12 @@ type CopyStamps struct {
 }
 
 type pendingCopy struct {
-	toHost bool
-	bytes  int64
-	k      int // copy slot
-	tries  int
+	toHost    bool
+	bytes     int64
+	recompute bool
+	op        int
+	k         int // copy slot
+	tries     int
 }
 
 // CopySlots is the copies a timeline stamps before it reuses their slots:
@@ -75,6 +84,15 @@ func NewCopyStamps(stamp func(device.Stream, int) error, read func(lo, hi int) (
 
 // Around implements CopyTimeline.
 func (c *CopyStamps) Around(s device.Stream, toHost bool, bytes int64, copy func() error) error {
+	return c.around(s, pendingCopy{toHost: toHost, bytes: bytes}, copy)
+}
+
+// AroundRecompute implements CopyTimeline.
+func (c *CopyStamps) AroundRecompute(s device.Stream, op int, run func() error) error {
+	return c.around(s, pendingCopy{recompute: true, op: op}, run)
+}
+
+func (c *CopyStamps) around(s device.Stream, p pendingCopy, copy func() error) error {
 	c.mu.Lock()
 	k := c.next % c.n
 	c.next++
@@ -90,8 +108,9 @@ func (c *CopyStamps) Around(s device.Stream, toHost bool, bytes int64, copy func
 		// It goes unstamped.
 		return nil
 	}
+	p.k = k
 	c.mu.Lock()
-	c.pending = append(c.pending, pendingCopy{toHost: toHost, bytes: bytes, k: k})
+	c.pending = append(c.pending, p)
 	c.mu.Unlock()
 	return nil
 }
@@ -113,7 +132,7 @@ func (c *CopyStamps) Copies() ([]CopyStamp, error) {
 		a, b := st[2*p.k], st[2*p.k+1]
 		if a.Start > c.last[p.k] && a.End >= a.Start && b.Start >= a.End && b.End >= b.Start {
 			c.last[p.k] = b.End
-			out = append(out, CopyStamp{ToHost: p.toHost, Bytes: p.bytes, Stamp: Stamp{a.End, b.Start}})
+			out = append(out, CopyStamp{ToHost: p.toHost, Bytes: p.bytes, Recompute: p.recompute, Op: p.op, Stamp: Stamp{a.End, b.Start}})
 			continue
 		}
 		if p.tries++; p.tries < dropAfter {
@@ -151,6 +170,8 @@ func (h *stampedHost) CopyH2D(dst device.DevPtr, src device.HostBuf, s device.St
 type CopySpan struct {
 	ToHost         bool
 	Bytes          int64
+	Recompute      bool // a recompute of op Op, not a copy
+	Op             int
 	StartUS, EndUS float64
 }
 
@@ -169,7 +190,7 @@ type LinkFigures struct {
 func copySpans(cs []CopyStamp, t0 int64) []CopySpan {
 	out := make([]CopySpan, len(cs))
 	for i, c := range cs {
-		out[i] = CopySpan{ToHost: c.ToHost, Bytes: c.Bytes, StartUS: float64(c.Start-t0) / 1e3, EndUS: float64(c.End-t0) / 1e3}
+		out[i] = CopySpan{ToHost: c.ToHost, Bytes: c.Bytes, Recompute: c.Recompute, Op: c.Op, StartUS: float64(c.Start-t0) / 1e3, EndUS: float64(c.End-t0) / 1e3}
 	}
 	return out
 }
@@ -180,7 +201,7 @@ func linkOf(sp []CopySpan, toHost bool) *LinkFigures {
 	var sum float64
 	reach := math.Inf(-1)
 	for _, s := range sp { // by start
-		if s.ToHost != toHost {
+		if s.Recompute || s.ToHost != toHost {
 			continue
 		}
 		f.Copies++

@@ -166,8 +166,9 @@ type IterationReport struct {
 	// With Timing.Timeline, the step on the device's clock: the time it ran
 	// the op kernels (DeviceBusyMS), the time it stood idle because the
 	// host had not queued the next kernel yet (HostStallMS) and idle with
-	// the kernel queued, waiting for an event such as a copy back
-	// (DeviceStallMS), and the longest of those stalls.
+	// the kernel queued, waiting for an event such as a copy back, or
+	// running a recompute's kernels (DeviceStallMS; RecomputeKernelMS says
+	// how much of it the recomputes ran), and the longest of those stalls.
 	DeviceBusyMS  float64 `json:"device_busy_ms,omitempty"`
 	HostStallMS   float64 `json:"host_stall_ms,omitempty"`
 	DeviceStallMS float64 `json:"device_stall_ms,omitempty"`
@@ -179,6 +180,10 @@ type IterationReport struct {
 	// WorstLayers are, with a timeline, the three logical layers of the
 	// policy in force that ran longest over their simulated time.
 	WorstLayers []LayerTime `json:"worst_layers,omitempty"`
+	// RecomputeKernelMS is, with a timeline, the time the iteration's
+	// stamped recomputes ran on the compute stream (each between its two
+	// stamps: its kernel and a launch gap or two).
+	RecomputeKernelMS float64 `json:"recompute_kernel_ms,omitempty"`
 }
 
 // LayerTime is one logical layer's time on the device's clock (from the
@@ -671,6 +676,11 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 			}
 			cp = copySpans(cs, st[0].Start)
 			ir.D2H, ir.H2D = linkOf(cp, true), linkOf(cp, false)
+			for _, c := range cp {
+				if c.Recompute {
+					ir.RecomputeKernelMS += (c.EndUS - c.StartUS) / 1e3
+				}
+			}
 		}
 		if stable := ir.Stage == "STABLE"; stable || !r.stableTimeline {
 			r.stableTimeline = stable
@@ -717,7 +727,14 @@ func (r *runner) recomputeOf(o *trace.Op, k, i int, gen uint64) func() error {
 			}
 		}
 		r.rep.Recomputes++
-		if err := r.kernel(k, i); err != nil {
+		run := func() error { return r.kernel(k, i) }
+		var err error
+		if ct, ok := r.timing.timeline().(CopyTimeline); ok {
+			err = ct.AroundRecompute(r.eng.ComputeStream(), i, run)
+		} else {
+			err = run()
+		}
+		if err != nil {
 			return fmt.Errorf("recompute: %w", err)
 		}
 		return r.writeLive(out, id, gen)

@@ -196,12 +196,17 @@ func WriteTimeline(w io.Writer, title string, sp []OpSpan, cp []CopySpan) error 
 			ev{Name: "thread_name", Ph: "M", PID: 1, TID: 5, Args: map[string]any{"name": "link: host to device"}})
 	}
 	for _, c := range cp {
+		if c.EndUS < 0 {
+			continue // done before the iteration's first kernel
+		}
+		if c.Recompute {
+			evs = append(evs, ev{Name: "recompute", Ph: "X", PID: 1, TID: 1, TS: c.StartUS, Dur: c.EndUS - c.StartUS,
+				Args: map[string]any{"op": c.Op}})
+			continue
+		}
 		name, tid := "to host", 4
 		if !c.ToHost {
 			name, tid = "to device", 5
-		}
-		if c.EndUS < 0 {
-			continue // done before the iteration's first kernel
 		}
 		evs = append(evs, ev{Name: name, Ph: "X", PID: 1, TID: tid, TS: c.StartUS, Dur: c.EndUS - c.StartUS,
 			Args: map[string]any{"bytes": c.Bytes, "gb_per_s": float64(c.Bytes) / max(c.EndUS-c.StartUS, 1e-3) / 1e3}})

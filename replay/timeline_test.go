@@ -8,10 +8,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
 )
 
 // TestTimelineSplitsTheStep: with a timeline, every op kernel of every
@@ -144,4 +146,66 @@ func TestTimelineSlotsAreChecked(t *testing.T) {
 	assert.LessOrEqual(t, st[1].Start, st[1].End)
 	_, err = tl.Stamps(3)
 	assert.Error(t, err)
+}
+
+// TestTimelineStampsRecomputes: with recompute on, each recompute's
+// kernels are stamped on the compute stream: the iterations report the
+// time they ran, apart from the link's figures, and the Chrome trace shows
+// each as a slice on the kernels' track.
+func TestTimelineStampsRecomputes(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the public traces are slow under the race detector")
+	}
+	tr := shared(t, "llama16-bf16.jsonl.gz")
+	kt, path := publicKernels(t, "llama16-bf16")
+	const scale = 4096
+	limit := replay.PeakBytes(tr) / scale * 45 / 100
+	l := replay.HostLink(scale)
+	dev, err := host.New(limit, host.WithPageSize(replay.PageAtScale(limit, scale)), host.WithBandwidth(l.H2D, l.D2H), host.WithSleep(replay.Wait))
+	require.NoError(t, err)
+	defer dev.Close()
+	n := 0
+	for _, it := range tr.Iterations {
+		n = max(n, len(it.Ops))
+	}
+	tl := replay.HostTimeline(dev, n)
+	tm := replay.Timing{Launch: replay.HostKernel(dev), Timeline: tl}
+	rep, err := replay.Run(tr, replay.StampHostCopies(dev, tl), replay.Config{Scale: scale, Rounds: 2, Limit: limit, Recompute: true,
+		Kernels: kt, KernelsFrom: path, Timing: &tm,
+		Options: []chameleon.Option{chameleon.WithDetection(seq.DefaultConfig()), chameleon.WithLinkBandwidth(l.D2H)}})
+	if rep != nil && rep.Engine != nil {
+		defer rep.Engine.Close()
+	}
+	require.NoError(t, err)
+	require.Positive(t, rep.Recomputes, "the plan recomputes")
+	var out int64
+	stamped := 0
+	for i, x := range rep.PerIteration {
+		if x.D2H != nil {
+			out += x.D2H.Bytes
+		}
+		if x.PlannedRecomputes > 0 {
+			t.Logf("iteration %d: %d recomputes ran %.2f ms of %.2f ms; device stalls %.2f ms", i, x.PlannedRecomputes, x.RecomputeKernelMS, x.MeasuredMS, x.DeviceStallMS)
+			assert.Positive(t, x.RecomputeKernelMS, "iteration %d", i)
+			assert.Less(t, x.RecomputeKernelMS, x.MeasuredMS, "iteration %d", i)
+			stamped++
+		}
+	}
+	require.Positive(t, stamped)
+	assert.LessOrEqual(t, out, rep.SwappedBytes, "recomputes counted as copies")
+	shown, rc := 0, 0
+	for _, c := range rep.TimelineCopies {
+		if c.EndUS < 0 {
+			continue
+		}
+		if c.Recompute {
+			rc++
+			continue
+		}
+		shown++
+	}
+	assert.Positive(t, rc, "the timeline's iteration has its recomputes")
+	per := tracks(t, rep)
+	assert.Equal(t, shown, per[4]+per[5], "one slice per copy on the link tracks")
+	assert.Equal(t, len(rep.Timeline)+rc, per[1], "a slice per op and per recompute on the kernels' track")
 }
