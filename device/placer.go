@@ -386,10 +386,10 @@ func (pl *placer) spot(size int64) (uintptr, uintptr) {
 const offPlanSpots = 16
 
 // pickOffSpans is pickOffPlan on segments: among the best-fitting free
-// blocks, the room for size bytes (at either end of the block) that the
+// blocks, the room for size bytes (at either end of a block) that the
 // plan's blocks need again last, counted from now on the repetition's
-// clock, and none if one needs it not at all: the free block's index and
-// the offset in it, or -1 with no plan. A block with no place of its own
+// clock (the first room none of them needs, if there is one): the free
+// block's index and the offset in it, or -1 with no plan or no fit. A block with no place of its own
 // served by best fit alone lands on the place of the next planned block
 // as often as not, which then misses its place and lands on another's.
 func (p *pool) pickOffSpans(size int64) (int, int64) {
