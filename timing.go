@@ -151,8 +151,9 @@ type GroupTime struct {
 	// in the profiled iteration, or the estimator's.
 	PlannedUS float64
 	// SimulatedUS is the layer's time on the simulated timeline of the
-	// policy as the executor issues it: compute, stalls and recomputes.
-	SimulatedUS float64
+	// policy as the executor issues it: compute, stalls and recomputes;
+	// SimulatedStallUS the part its ops waited for copies.
+	SimulatedUS, SimulatedStallUS float64
 	// MeasuredUS and MeasuredWallUS are the latest sample's (0: none yet):
 	// compute (waits for copies and recomputes left out), and everything on
 	// the compute stream, to compare with SimulatedUS.
@@ -188,6 +189,9 @@ func newPolicyTiming(pr *plan.Result) *policyTiming {
 				start = ex.Ops[g.First-1].End
 			}
 			gt.SimulatedUS = ex.Ops[g.Last].End - start
+			for i := g.First; i <= g.Last; i++ {
+				gt.SimulatedStallUS += ex.Ops[i].Stall
+			}
 		}
 		pt.groups = append(pt.groups, gt)
 		pt.endAt[g.Last] = int32(k)

@@ -195,6 +195,11 @@ type LayerTime struct {
 	Phase       string  `json:"phase"`
 	SimulatedMS float64 `json:"simulated_ms"`
 	MeasuredMS  float64 `json:"measured_ms"`
+	// SimulatedWaitMS is the part of SimulatedMS the layer's ops waited
+	// for copies; MeasuredWaitMS the time the device stood idle in the
+	// layer, less the stamped recomputes that ran in it.
+	SimulatedWaitMS float64 `json:"simulated_wait_ms"`
+	MeasuredWaitMS  float64 `json:"measured_wait_ms"`
 }
 
 // PeakBytes is the trace's largest recorded peak (the max of op.Mem over
@@ -667,7 +672,6 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		}
 		sp := spans(names, issuedAt, st)
 		stallsOf(&ir, sp, 5)
-		ir.WorstLayers = worstLayers(sp, e.GroupTimes(), 3)
 		var cp []CopySpan
 		if ct, ok := r.timing.Timeline.(CopyTimeline); ok && len(st) > 0 {
 			cs, err := ct.Copies()
@@ -682,6 +686,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 				}
 			}
 		}
+		ir.WorstLayers = worstLayers(sp, cp, e.GroupTimes(), 3)
 		if stable := ir.Stage == "STABLE"; stable || !r.stableTimeline {
 			r.stableTimeline = stable
 			r.rep.Timeline, r.rep.TimelineCopies = sp, cp

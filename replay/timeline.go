@@ -151,8 +151,9 @@ func stallsOf(ir *IterationReport, sp []OpSpan, worst int) {
 }
 
 // worstLayers is the n layers of gs that ran longest over their simulated
-// time on sp's clock, longest first.
-func worstLayers(sp []OpSpan, gs []chameleon.GroupTime, n int) []LayerTime {
+// time on sp's clock, longest first, with the time each waited: its ops'
+// stalls less the stamped recomputes (cp) that ran in them.
+func worstLayers(sp []OpSpan, cp []CopySpan, gs []chameleon.GroupTime, n int) []LayerTime {
 	var out []LayerTime
 	for _, g := range gs {
 		if g.First < 0 || g.Last >= len(sp) || g.First > g.Last {
@@ -162,8 +163,19 @@ func worstLayers(sp []OpSpan, gs []chameleon.GroupTime, n int) []LayerTime {
 		if g.First > 0 {
 			from = sp[g.First-1].EndUS
 		}
+		to := sp[g.Last].EndUS
+		var wait float64
+		for _, s := range sp[g.First : g.Last+1] {
+			wait += s.HostStallUS + s.DeviceStallUS
+		}
+		for _, c := range cp {
+			if c.Recompute {
+				wait -= max(min(c.EndUS, to)-max(c.StartUS, from), 0)
+			}
+		}
 		out = append(out, LayerTime{FirstOp: g.First, LastOp: g.Last, Phase: g.Phase.String(),
-			SimulatedMS: g.SimulatedUS / 1e3, MeasuredMS: (sp[g.Last].EndUS - from) / 1e3})
+			SimulatedMS: g.SimulatedUS / 1e3, MeasuredMS: (to - from) / 1e3,
+			SimulatedWaitMS: g.SimulatedStallUS / 1e3, MeasuredWaitMS: max(wait, 0) / 1e3})
 	}
 	slices.SortStableFunc(out, func(a, b LayerTime) int {
 		return cmp.Compare(b.MeasuredMS-b.SimulatedMS, a.MeasuredMS-a.SimulatedMS)

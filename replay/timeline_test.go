@@ -189,6 +189,12 @@ func TestTimelineStampsRecomputes(t *testing.T) {
 			assert.Positive(t, x.RecomputeKernelMS, "iteration %d", i)
 			assert.Less(t, x.RecomputeKernelMS, x.MeasuredMS, "iteration %d", i)
 			stamped++
+			require.NotEmpty(t, x.WorstLayers, "iteration %d", i)
+			for _, l := range x.WorstLayers {
+				assert.LessOrEqual(t, l.MeasuredWaitMS, l.MeasuredMS, "iteration %d layer %d", i, l.FirstOp)
+				assert.LessOrEqual(t, l.SimulatedWaitMS, l.SimulatedMS, "iteration %d layer %d", i, l.FirstOp)
+				assert.GreaterOrEqual(t, l.MeasuredWaitMS, 0.0)
+			}
 		}
 	}
 	require.Positive(t, stamped)
