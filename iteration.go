@@ -403,7 +403,7 @@ func (it *Iteration) End() Result {
 		}
 		e.tm.planned(pol, pr)
 		if err == nil && pr.Exec != nil {
-			pol.simMS, pol.simPeak = pr.Exec.IterationUS/1000, pr.Exec.Peak
+			pol.simulated(pr.Exec)
 		}
 		r.Plan = pr
 		e.life.planned(err == nil)

@@ -209,6 +209,12 @@ func (e *Engine) cached(k policyKey) bool {
 	return e.cache.get(k, e.cfg.detect.MaxMemoryDelta) != nil
 }
 
+// simulated records the plan's simulated step and peak (ex: its
+// simulation as the executor issues it).
+func (p *policy) simulated(ex *simulate.Result) {
+	p.simMS, p.simPeak = ex.IterationUS/1000, ex.Peak
+}
+
 // minPlaceFit is the least share of the limit a plan aims at so that the
 // allocator can place it (Stats.Tightened); placeMargin is taken off each
 // share that would have fit, for the packing's loss grows with the bytes.
@@ -251,13 +257,18 @@ func (e *Engine) unplaced() bool {
 	if !(fit < 1) || e.placeFit <= minPlaceFit || (e.unplacedSet && e.unplacedKey == e.policy.key) {
 		return false
 	}
-	from := e.placeFit
-	if pk := e.policy.simPeak; pk > 0 && e.cfg.limit > 0 {
-		from = min(from, float64(pk)/float64(e.cfg.limit))
-	}
 	e.fitBefore = e.placeFit
-	e.placeFit = max(from*fit*placeMargin, minPlaceFit)
+	e.placeFit = max(min(e.placeFit, e.peakShare())*fit*placeMargin, minPlaceFit)
 	return true
+}
+
+// peakShare is the simulated peak of the policy in force as a share of the
+// limit, 1 where it is not known.
+func (e *Engine) peakShare() float64 {
+	if p := e.policy; p != nil && p.simPeak > 0 && e.cfg.limit > 0 {
+		return float64(p.simPeak) / float64(e.cfg.limit)
+	}
+	return 1
 }
 
 // maxTightenTries bounds the plans a tightening for placement makes
@@ -280,11 +291,7 @@ func (e *Engine) closerFit(err error) bool {
 		return false
 	}
 	next := float64(ie.Limit+ie.Shortfall) / float64(e.cfg.limit) * feasibleMargin
-	top := 1.0
-	if e.policy != nil && e.policy.simPeak > 0 {
-		top = float64(e.policy.simPeak) / float64(e.cfg.limit)
-	}
-	if next <= e.placeFit || next >= top {
+	if next <= e.placeFit || next >= e.peakShare() {
 		return false
 	}
 	e.placeFit = next

@@ -97,7 +97,7 @@ func (e *Engine) bindPlan(key policyKey, pr *profiled, res *plan.Result) *policy
 	np.here = true
 	np.env, np.eng = e.env(), e
 	if res.Exec != nil {
-		np.simMS, np.simPeak = res.Exec.IterationUS/1000, res.Exec.Peak
+		np.simulated(res.Exec)
 	}
 	return np
 }

@@ -300,6 +300,15 @@ func (a *arena) cut(b *block, at int64) *block {
 	return r
 }
 
+// takeFrom hands out size bytes at offset off (a multiple of the
+// alignment) of the free block a.free[i].
+func (a *arena) takeFrom(i int, off, size int64) *block {
+	if off > 0 {
+		i = a.splitFree(i, off)
+	}
+	return a.takeAt(i, size)
+}
+
 // takeAt hands out size bytes at the start of the free block a.free[i].
 func (a *arena) takeAt(i int, size int64) *block {
 	b := a.free[i]

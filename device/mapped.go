@@ -366,10 +366,7 @@ func (p *pool) takeMapped(need int64, ready func(*block) bool) (*block, error) {
 		// A block with no place of its own stays off the pages planned
 		// blocks use, where it would push one of them out of its place.
 		if i, off := p.a.pickOffPlan(need); i >= 0 {
-			if off > 0 {
-				i = p.a.splitFree(i, off)
-			}
-			return p.a.takeAt(i, need), nil
+			return p.a.takeFrom(i, off, need), nil
 		}
 	}
 	i, off := p.a.pickMapped(need, ready)
@@ -383,10 +380,7 @@ func (p *pool) takeMapped(need int64, ready func(*block) bool) (*block, error) {
 	if i < 0 {
 		return nil, nil
 	}
-	if off > 0 {
-		i = p.a.splitFree(i, off)
-	}
-	b := p.a.takeAt(i, need)
+	b := p.a.takeFrom(i, off, need)
 	if err := p.back(b); err != nil {
 		p.a.give(b.addr, pend{}, false)
 		return nil, err

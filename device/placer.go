@@ -454,10 +454,7 @@ func (p *pool) takePlanned(addr uintptr, need int64) (*block, error) {
 			return nil, nil
 		}
 	}
-	if off := int64(addr - b.addr); off > 0 {
-		i = p.a.splitFree(i, off)
-	}
-	b = p.a.takeAt(i, need)
+	b = p.a.takeFrom(i, int64(addr-b.addr), need)
 	if p.mapper != nil {
 		if err := p.back(b); err != nil {
 			p.a.give(b.addr, pend{}, false)

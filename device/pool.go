@@ -246,10 +246,7 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		// A block with no place of its own keeps off the places the
 		// plan needs soonest (on pages, takeMapped's pickOffPlan).
 		if i, off := p.pickOffSpans(need); i >= 0 {
-			if off > 0 {
-				i = p.a.splitFree(i, off)
-			}
-			b = p.a.takeAt(i, need)
+			b = p.a.takeFrom(i, off, need)
 		}
 	default:
 		b = p.a.take(need, ready)

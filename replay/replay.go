@@ -732,12 +732,15 @@ func (r *runner) recomputeOf(o *trace.Op, k, i int, gen uint64) func() error {
 			}
 		}
 		r.rep.Recomputes++
-		run := func() error { return r.kernel(k, i) }
+		var ct CopyTimeline
+		if r.timing != nil {
+			ct, _ = r.timing.Timeline.(CopyTimeline)
+		}
 		var err error
-		if ct, ok := r.timing.timeline().(CopyTimeline); ok {
-			err = ct.AroundRecompute(r.eng.ComputeStream(), i, run)
+		if ct != nil {
+			err = ct.AroundRecompute(r.eng.ComputeStream(), i, func() error { return r.kernel(k, i) })
 		} else {
-			err = run()
+			err = r.kernel(k, i)
 		}
 		if err != nil {
 			return fmt.Errorf("recompute: %w", err)

@@ -228,11 +228,7 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 // a quarter of the pages at most and waiting on the host no more than
 // half as often, for no more than 5% more simulated time.
 func TestPlacementAsksForATighterPlan(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the public traces are slow under the race detector")
-	}
-	tr := shared(t, "llama16-bf16.jsonl.gz")
-	kt, path := publicKernels(t, "llama16-bf16")
+	tr, kt, path := publicWithKernels(t, "llama16-bf16")
 	const scale = 1024
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.45)
 	l := replay.HostLink(scale)

@@ -153,11 +153,7 @@ func TestTimelineSlotsAreChecked(t *testing.T) {
 // time they ran, apart from the link's figures, and the Chrome trace shows
 // each as a slice on the kernels' track.
 func TestTimelineStampsRecomputes(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the public traces are slow under the race detector")
-	}
-	tr := shared(t, "llama16-bf16.jsonl.gz")
-	kt, path := publicKernels(t, "llama16-bf16")
+	tr, kt, path := publicWithKernels(t, "llama16-bf16")
 	const scale = 4096
 	limit := replay.PeakBytes(tr) / scale * 45 / 100
 	l := replay.HostLink(scale)

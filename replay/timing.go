@@ -174,14 +174,6 @@ func (e *Estimator) Estimate(it *trace.Iteration) []float64 {
 	return fb.Estimate(it)
 }
 
-// timeline is t's Timeline, nil for a replay with no timing.
-func (t *Timing) timeline() Timeline {
-	if t == nil {
-		return nil
-	}
-	return t.Timeline
-}
-
 // HostKernel is Timing.Launch on the host backend: a function queued with
 // d.Launch that waits for the op's time (Wait) on the stream's goroutine.
 func HostKernel(d *host.Device) func(device.Stream, time.Duration) error {

@@ -197,6 +197,18 @@ func publicKernels(t *testing.T, name string) (*trace.Kernels, string) {
 	return kt, path
 }
 
+// publicWithKernels reads public trace name and its kernel times, and
+// skips under the race detector, where its replays are too slow.
+func publicWithKernels(t *testing.T, name string) (*trace.Trace, *trace.Kernels, string) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("the public traces are slow under the race detector")
+	}
+	tr := shared(t, name+".jsonl.gz")
+	kt, path := publicKernels(t, name)
+	return tr, kt, path
+}
+
 // The kernel-times files of the public traces time their traces.
 func TestOpTimesPublicKernels(t *testing.T) {
 	for _, name := range []string{"llama16-bf16", "llama7b-8l-bf16", "mixtral8-eager-bf16"} {
@@ -252,11 +264,7 @@ func sumOf(v []float64) float64 {
 // measured and simulated step, and the Engine planned with the kernels'
 // times.
 func TestTimedReplayPublicKernels(t *testing.T) {
-	if raceEnabled {
-		t.Skip("under the race detector, the bundled trace only")
-	}
-	tr := shared(t, "llama16-bf16.jsonl.gz")
-	kt, path := publicKernels(t, "llama16-bf16")
+	tr, kt, path := publicWithKernels(t, "llama16-bf16")
 	times, _, err := replay.OpTimes(tr, kt, path)
 	require.NoError(t, err)
 	rep, _ := timed(t, tr, 4096, 2, replay.Timing{}, replay.Config{Kernels: kt, KernelsFrom: path})
