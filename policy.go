@@ -56,9 +56,10 @@ type policy struct {
 	rmProdAt map[int][]int32
 	rmUsers  []int
 	rcRemade [][]int32
-	matchRM  []int32 // per matcher index, its remade slot, -1
-	simMS    float64 // the simulated step of the plan, as the executor issues it
-	simPeak  int64   // the simulated peak of the plan's bytes (0: unknown)
+	matchRM  []int32          // per matcher index, its remade slot, -1
+	simMS    float64          // the simulated step of the plan, as the executor issues it
+	simPeak  int64            // the simulated peak of the plan's bytes (0: unknown)
+	exec     *simulate.Result // the simulation itself (nil: unknown)
 	// issue is when, and in which order, the copies are issued; env what
 	// the plan assumed (zero: unknown, a policy of a version 1 file); prof
 	// the profiled iteration it was planned from (nil: unknown), which a
@@ -212,7 +213,7 @@ func (e *Engine) cached(k policyKey) bool {
 // simulated records the plan's simulated step and peak (ex: its
 // simulation as the executor issues it).
 func (p *policy) simulated(ex *simulate.Result) {
-	p.simMS, p.simPeak = ex.IterationUS/1000, ex.Peak
+	p.simMS, p.simPeak, p.exec = ex.IterationUS/1000, ex.Peak, ex
 }
 
 // minPlaceFit is the least share of the limit a plan aims at so that the

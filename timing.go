@@ -753,3 +753,35 @@ func (e *Engine) GroupTimes() []GroupTime {
 	}
 	return slices.Clone(p.timing.groups)
 }
+
+// Simulation is the policy in force as the simulator ran it when it was
+// planned, its copies issued as the executor issues them: the timeline the
+// Engine expects each iteration under the policy to follow.
+type Simulation struct {
+	Swaps      []simulate.Swap
+	Recomputes []simulate.Recompute
+	// Result is the simulated iteration: Result.Out and Result.In are
+	// indexed like Swaps, Result.Recomputed like Recomputes.
+	Result *simulate.Result
+}
+
+// Simulation returns a copy of the simulation of the policy in force; nil
+// with no policy, or one whose simulation the Engine does not have (a
+// policy loaded from a file before it planned again).
+func (e *Engine) Simulation() *Simulation {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := e.policy
+	if p == nil || p.exec == nil {
+		return nil
+	}
+	r := *p.exec
+	r.Ops, r.Out, r.In = slices.Clone(r.Ops), slices.Clone(r.Out), slices.Clone(r.In)
+	r.Freed, r.Recomputed = slices.Clone(r.Freed), slices.Clone(r.Recomputed)
+	rcs := slices.Clone(p.recomputes)
+	for i := range rcs {
+		rcs[i].Remade = slices.Clone(rcs[i].Remade)
+		rcs[i].Kept = slices.Clone(rcs[i].Kept)
+	}
+	return &Simulation{Swaps: slices.Clone(p.swaps), Recomputes: rcs, Result: &r}
+}

@@ -115,6 +115,9 @@ type Report struct {
 	// TimelineCopies is the copies stamped at that iteration's end, with a
 	// CopyTimeline.
 	TimelineCopies []CopySpan `json:"-"`
+	// TimelineSim is the simulation of the policy that iteration ran under
+	// (nil: none), for the timeline to show beside what ran.
+	TimelineSim *chameleon.Simulation `json:"-"`
 }
 
 // IterationReport is what one replayed iteration did.
@@ -689,7 +692,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		ir.WorstLayers = worstLayers(sp, cp, e.GroupTimes(), 3)
 		if stable := ir.Stage == "STABLE"; stable || !r.stableTimeline {
 			r.stableTimeline = stable
-			r.rep.Timeline, r.rep.TimelineCopies = sp, cp
+			r.rep.Timeline, r.rep.TimelineCopies, r.rep.TimelineSim = sp, cp, e.Simulation()
 			r.rep.TimelineOf = fmt.Sprintf("round %d iteration %d, %s", r.round, it.Index, ir.Stage)
 		}
 	}

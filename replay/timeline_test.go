@@ -3,6 +3,7 @@ package replay_test
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +15,7 @@ import (
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/simulate"
 )
 
 // TestTimelineSplitsTheStep: with a timeline, every op kernel of every
@@ -105,17 +107,35 @@ func TestTimelineStampsCopies(t *testing.T) {
 	}
 	per := tracks(t, rep)
 	assert.Equal(t, shown, per[4]+per[5], "one slice per copy on the link tracks")
+	// Beside what ran, the simulation of the policy it ran under: an op
+	// each, on the same ops, and its copies.
+	sim := rep.TimelineSim
+	require.NotNil(t, sim, "a STABLE iteration runs under a planned policy")
+	require.Len(t, sim.Result.Ops, len(rep.Timeline))
+	assert.Equal(t, len(sim.Result.Ops)+len(sim.Recomputes), per[11])
+	var copies int
+	for k := range sim.Swaps {
+		for _, c := range []simulate.Transfer{sim.Result.Out[k], sim.Result.In[k]} {
+			if !math.IsNaN(c.Start) {
+				copies++
+			}
+		}
+	}
+	assert.Positive(t, copies)
+	assert.Equal(t, copies, per[14]+per[15], "one slice per simulated copy")
 }
 
 // tracks writes rep's timeline as Chrome trace JSON and counts its
-// slices per track.
+// slices per track: process 1's (what ran) by their thread, process 2's
+// (the simulation) by 10 plus theirs.
 func tracks(t *testing.T, rep *replay.Report) map[int]int {
 	t.Helper()
 	var buf bytes.Buffer
-	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline, rep.TimelineCopies))
+	require.NoError(t, replay.WriteTimeline(&buf, "llama4-small", rep.Timeline, rep.TimelineCopies, rep.TimelineSim))
 	var ct struct {
 		TraceEvents []struct {
 			Ph  string `json:"ph"`
+			PID int    `json:"pid"`
 			TID int    `json:"tid"`
 		} `json:"traceEvents"`
 	}
@@ -123,7 +143,7 @@ func tracks(t *testing.T, rep *replay.Report) map[int]int {
 	n := map[int]int{}
 	for _, e := range ct.TraceEvents {
 		if e.Ph == "X" {
-			n[e.TID]++
+			n[10*(e.PID-1)+e.TID]++
 		}
 	}
 	return n

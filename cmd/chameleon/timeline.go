@@ -126,7 +126,7 @@ func writeTimeline(path string, rep *replay.Report) error {
 	if err != nil {
 		return fmt.Errorf("--timeline: %w", err)
 	}
-	if err := replay.WriteTimeline(f, fmt.Sprintf("%s: %s", rep.Trace, rep.TimelineOf), rep.Timeline, rep.TimelineCopies); err != nil {
+	if err := replay.WriteTimeline(f, fmt.Sprintf("%s: %s", rep.Trace, rep.TimelineOf), rep.Timeline, rep.TimelineCopies, rep.TimelineSim); err != nil {
 		f.Close()
 		return fmt.Errorf("--timeline %s: %w", path, err)
 	}
