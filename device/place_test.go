@@ -533,3 +533,77 @@ func TestRepeatKeepsMemoryFreedAgainstTheSchedule(t *testing.T) {
 		assert.Equal(t, int64(4), st[2].Placed-st[0].Placed, "from %d", from)
 	}
 }
+
+// TestRepeatKeptBlockFreedOnSchedule: a block kept into the next
+// repetition (a gradient) is freed there behind a copy to the host that
+// the caller's schedule lets others reuse only from a later step
+// (FreeAfterFrom). The plan made from that repetition keeps its memory
+// taken until then: the blocks asked for meanwhile go elsewhere and wait
+// for no copy, and the block asked for from that step on takes its place.
+func TestRepeatKeptBlockFreedOnSchedule(t *testing.T) {
+	for _, mapped := range []bool{false, true} {
+		const page, unit = 4 << 10, 16 << 10
+		const limit = 3 * unit
+		var d *host.Device
+		var a *device.Allocator
+		if mapped {
+			d, a = newMapped(t, limit, page)
+		} else {
+			var err error
+			d, err = host.New(limit)
+			require.NoError(t, err)
+			t.Cleanup(func() { d.Close() })
+			a = device.NewAllocator(d)
+			t.Cleanup(func() { a.Close() })
+			require.NoError(t, a.Reserve(limit))
+		}
+		s, err := d.NewStream()
+		require.NoError(t, err)
+		ev, err := d.NewEvent()
+		require.NoError(t, err)
+		waits := 0
+		a.OnStreamWait(func(device.Stream, bool) { waits++ })
+		var g device.DevPtr
+		var st []device.Stats
+		var early []int
+		for rep := range 6 {
+			a.Repeat(true)
+			if rep == 0 {
+				_, err := a.Alloc(2*limit, 0) // refused: placement starts
+				require.ErrorIs(t, err, device.ErrOutOfMemory)
+			}
+			a.Tick(0)
+			if rep > 0 {
+				// Out to the host behind a copy that the schedule expects
+				// done by step 3.
+				require.NoError(t, d.Record(ev, s))
+				require.NoError(t, a.FreeAfterFrom(g, ev, s, 3))
+			}
+			w := waits
+			a.Tick(1)
+			y1, err := a.Alloc(unit, 0)
+			require.NoError(t, err)
+			a.Tick(2)
+			y2, err := a.Alloc(unit, 0)
+			require.NoError(t, err)
+			early = append(early, waits-w)
+			a.Tick(3)
+			z, err := a.Alloc(unit, 0)
+			require.NoError(t, err)
+			a.Tick(4)
+			for _, p := range []device.DevPtr{y1, y2, z} {
+				require.NoError(t, a.Free(p))
+			}
+			a.Tick(5)
+			g, err = a.Alloc(unit, 0) // kept into the next repetition
+			require.NoError(t, err)
+			st = append(st, a.Stats())
+		}
+		last := len(st) - 1
+		assert.Equal(t, int64(4), st[last].Placed-st[last-1].Placed, "mapped %v: every request at its place", mapped)
+		assert.Zero(t, st[last].Missed-st[last-1].Missed, "mapped %v", mapped)
+		for rep := 3; rep < len(early); rep++ {
+			assert.Zero(t, early[rep], "mapped %v, repetition %d: a block asked for before step 3 waited for the copy", mapped, rep)
+		}
+	}
+}

@@ -78,10 +78,12 @@ type planSpan struct {
 	from, to  int32
 }
 
+// carriedFree is such a free: at the clock at, reusable by the caller's
+// schedule from step reuse (FreeAfterFrom; -1: from the free).
 type carriedFree struct {
-	key  uint64
-	size int64
-	at   int32
+	key       uint64
+	size      int64
+	at, reuse int32
 }
 
 // placeSpot is where a request goes: addr, or for a block that outlives
@@ -306,7 +308,7 @@ func (pl *placer) freed(b *block, reuse int32) {
 		r.end, r.freed, r.reuse = pl.clock, true, reuse
 	case b.rec > 0 && b.rep+1 == pl.rep:
 		if int(b.rec) <= len(pl.prevKeys) {
-			pl.carried = append(pl.carried, carriedFree{key: pl.prevKeys[b.rec-1], size: b.size, at: pl.clock})
+			pl.carried = append(pl.carried, carriedFree{key: pl.prevKeys[b.rec-1], size: b.size, at: pl.clock, reuse: reuse})
 		}
 	}
 	pl.clock++
@@ -525,7 +527,13 @@ func (p *pool) planPlacement() bool {
 		// its place.
 		l := life{n: 2, iv: [2]span{{r.start, end}, {0, end}}}
 		if c, ok := head[r.key]; ok && c.size == r.size && c.at < r.start && !r.freed {
-			l.iv[1] = span{0, c.at + 1}
+			// Its head ends where the next repetition frees it, or later
+			// where the schedule reuses it only then (a swap's copy out).
+			to := c.at + 1
+			if c.reuse >= 0 {
+				to = max(to, at(c.reuse))
+			}
+			l.iv[1] = span{0, min(to, r.start)}
 			items = append(items, placeItem{size: r.size, life: l})
 			idx = append(idx, k)
 			continue
