@@ -237,7 +237,7 @@ func (it *Iteration) After(op *Op) error {
 		p.capture(it.op, op)
 		for _, k := range p.outAt[it.op] {
 			if t := p.live[k]; t != nil && !t.released && t.state != swapped {
-				if err := e.swapOutFrom(t, p.swaps[k].Free); err != nil {
+				if err := e.swapOutFrom(t, p.reuseFrom(k)); err != nil {
 					return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 				}
 				it.swapsOut++

@@ -3,7 +3,9 @@ package chameleon
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
+	"sort"
 
 	"github.com/samber/lo"
 	"go.opentelemetry.io/otel/attribute"
@@ -60,6 +62,7 @@ type policy struct {
 	simMS    float64          // the simulated step of the plan, as the executor issues it
 	simPeak  int64            // the simulated peak of the plan's bytes (0: unknown)
 	exec     *simulate.Result // the simulation itself (nil: unknown)
+	reuse    []int            // per swap, reuseFrom (nil: unknown)
 	// issue is when, and in which order, the copies are issued; env what
 	// the plan assumed (zero: unknown, a policy of a version 1 file); prof
 	// the profiled iteration it was planned from (nil: unknown), which a
@@ -214,6 +217,39 @@ func (e *Engine) cached(k policyKey) bool {
 // simulation as the executor issues it).
 func (p *policy) simulated(ex *simulate.Result) {
 	p.simMS, p.simPeak, p.exec = ex.IterationUS/1000, ex.Peak, ex
+	p.reuse = nil
+	if len(ex.Out) != len(p.swaps) {
+		return
+	}
+	p.reuse = make([]int, len(p.swaps))
+	for k, s := range p.swaps {
+		p.reuse[k] = s.Free
+		c := ex.Out[k]
+		if s.Free < 0 || s.Wraps() || math.IsNaN(c.End) {
+			continue
+		}
+		// The first op that starts once the copy is done, with a margin
+		// for a link a little slower than the model's.
+		done := c.End + copySlack*(c.End-c.Start)
+		t := sort.Search(len(ex.Ops), func(i int) bool { return ex.Ops[i].Start >= done })
+		p.reuse[k] = min(s.Free, max(t, s.Out+1))
+	}
+}
+
+// copySlack is the share of a copy's simulated time added to its end
+// before its memory is handed to others by placement (policy.reuseFrom).
+const copySlack = 0.25
+
+// reuseFrom is the op from which the allocator's placement may hand the
+// memory of swap k's tensor to others: the op that starts once the
+// simulated copy out is done, never later than the plan's Free (its
+// simulation counts the memory taken until Free; placement, which packs
+// blocks by when their memory is really done with, gets the room between).
+func (p *policy) reuseFrom(k int32) int {
+	if int(k) < len(p.reuse) {
+		return p.reuse[k]
+	}
+	return p.swaps[k].Free
 }
 
 // minPlaceFit is the least share of the limit a plan aims at so that the
