@@ -40,7 +40,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
 	pageSize := fs.String("page-size", "", "--device cuda: bytes of each mapped page, a power of two of at least the driver's 2 MiB (16MiB: fewer, cheaper driver calls to move memory, more waste in partly used pages); default the driver's granularity")
 	placement := fs.Bool("placement", true, "in STABLE, serve each device block at the address planned from the iteration before (chameleon.WithPlacement); false: best fit online")
-	mapping := fs.Bool("mapping", true, "--device cuda: page-mapped allocation (the driver's virtual memory management) where the driver has it; false reserves one plain segment")
+	mapping := fs.Bool("mapping", true, "page-mapped allocation (on cuda, the driver's virtual memory management where the driver has it; on host, its model of it); false reserves one plain segment")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replay to `file` (go tool pprof): where the host's time per op goes")
 	timeline := fs.String("timeline", "", "with --timing: stamp every op kernel on the device's clock, report where the device stood idle and why (host_stall_ms, device_stall_ms), and write one STABLE iteration's timeline to `file` (Chrome trace JSON, opens in Perfetto)")
 	verify := fs.Bool("verify", false, fmt.Sprintf("with --timing: check the bytes of every %dth storage at each use (they are not checked otherwise)", replay.DefaultVerifyEvery))
@@ -116,6 +116,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		// it, so nothing above it can ever be handed out. Its pages model
 		// the GPU's at the replay's scale (replay.PageAtScale).
 		hopts := []host.Option{host.WithName("host"), host.WithPageSize(replay.PageAtScale(limit, *scale))}
+		if !*mapping {
+			hopts = append(hopts, host.WithoutMapping())
+		}
 		if tm != nil {
 			// The link is modeled, at the replay's scale so that a copy
 			// takes its full size's time, and the Engine plans on it.

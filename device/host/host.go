@@ -24,6 +24,7 @@ type config struct {
 	sleep        func(time.Duration)
 	hostCapacity int64
 	pageSize     int64
+	noMap        bool
 }
 
 type optionFunc func(*config)

@@ -213,3 +213,25 @@ func TestMapper(t *testing.T) {
 	assert.Zero(t, d.Allocated())
 	assert.ErrorIs(t, d.ReleaseAddress(p), device.ErrInvalidValue)
 }
+
+// TestWithoutMapping: with mapping off the device says it has no pages, so
+// an allocator on it cannot reserve mapped memory (the Engine then reserves
+// a plain segment), and reserving address space fails.
+func TestWithoutMapping(t *testing.T) {
+	const limit = 1 << 20
+	d, err := host.New(limit, host.WithPageSize(64<<10), host.WithoutMapping())
+	require.NoError(t, err)
+	defer d.Close()
+	assert.Zero(t, d.PageSize())
+	_, err = d.ReserveAddress(64 << 10)
+	assert.ErrorIs(t, err, device.ErrInvalidValue)
+	a := device.NewAllocator(d)
+	defer a.Close()
+	require.ErrorIs(t, a.ReserveMapped(limit), device.ErrNotSupported)
+	require.NoError(t, a.Reserve(limit), "a plain segment instead")
+	p, err := a.Alloc(limit/2, 0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(limit), d.Allocated(), "the whole segment at once")
+	assert.Zero(t, a.Stats().PageSize)
+	require.NoError(t, a.Free(p))
+}

@@ -25,8 +25,18 @@ func WithPageSize(n int64) Option {
 	})
 }
 
-// PageSize implements device.Mapper.
-func (d *Device) PageSize() int64 { return d.cfg.pageSize }
+// WithoutMapping turns page mapping off, as on a GPU whose driver has no
+// virtual memory management: PageSize returns 0, so an Allocator on the
+// device reserves plain segments, and ReserveAddress fails.
+func WithoutMapping() Option { return optionFunc(func(c *config) { c.noMap = true }) }
+
+// PageSize implements device.Mapper: 0 under WithoutMapping.
+func (d *Device) PageSize() int64 {
+	if d.cfg.noMap {
+		return 0
+	}
+	return d.cfg.pageSize
+}
 
 // ReserveAddress implements device.Mapper. The range is host address space
 // reserved without memory behind it (on Linux; elsewhere ordinary Go memory),
@@ -36,6 +46,9 @@ func (d *Device) ReserveAddress(size int64) (device.DevPtr, error) {
 	defer d.mu.Unlock()
 	if d.closed {
 		return 0, fmt.Errorf("host: reserve address %d bytes: %w", size, device.ErrClosed)
+	}
+	if d.cfg.noMap {
+		return 0, fmt.Errorf("host: reserve address %d bytes: mapping turned off (WithoutMapping): %w", size, device.ErrInvalidValue)
 	}
 	page := d.cfg.pageSize
 	if size <= 0 || size%page != 0 {
