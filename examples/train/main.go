@@ -370,8 +370,8 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 	}
 	if k := len(rep.Sims); k > 0 {
 		sim := rep.Sims[k-1]
-		fmt.Fprintf(out, "  simulator (last policy, op times fitted to the unlimited step): predicted %.2f ms = %.2f ms compute + %.2f ms stalls; measured %.2f ms\n",
-			sim.IterationUS/1000, sim.BaseUS/1000, sim.StallUS/1000, ms)
+		fmt.Fprintf(out, "  simulator (last policy): predicted %.2f ms = %.2f ms compute + %.2f ms recomputes + %.2f ms stalls; measured %.2f ms\n",
+			sim.IterationUS/1000, sim.BaseUS/1000, sim.RecomputeUS/1000, sim.StallUS/1000, ms)
 		if o.phaseTimes {
 			fmt.Fprintf(out, "  simulator forward: ends at %.2f ms\n", rep.SimForwardUS[k-1]/1000)
 		}
