@@ -607,3 +607,49 @@ func TestRepeatKeptBlockFreedOnSchedule(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatPlansAwayFromCopies: best fit serves a request on memory just
+// freed behind a copy to the host (mapped, where the rest of the range
+// would need pages mapped), so its stream waits for the copy. That counts
+// as strain: the next repetition is planned, the request goes where no
+// copy is in flight, and it no longer waits.
+func TestRepeatPlansAwayFromCopies(t *testing.T) {
+	const page = 4 << 10
+	d, a := newMapped(t, 4*page, page)
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+	waits := 0
+	a.OnStreamWait(func(_ device.Stream, after bool) {
+		if !after {
+			waits++
+		}
+	})
+	var perRep []int
+	var st []device.Stats
+	for range 5 {
+		a.Repeat(true)
+		a.Tick(0)
+		x, err := a.Alloc(2*page, 0)
+		require.NoError(t, err)
+		a.Tick(1)
+		require.NoError(t, d.Record(ev, s))
+		require.NoError(t, a.FreeAfterFrom(x, ev, s, 3)) // out to the host, done by step 3
+		w := waits
+		a.Tick(2)
+		y, err := a.Alloc(2*page, 0)
+		require.NoError(t, err)
+		perRep = append(perRep, waits-w)
+		a.Tick(3)
+		require.NoError(t, a.Free(y))
+		st = append(st, a.Stats())
+	}
+	t.Logf("waits per repetition %v; placements %d", perRep, st[len(st)-1].Placements)
+	assert.Equal(t, 1, perRep[0], "best fit reuses the memory behind the copy")
+	last := len(st) - 1
+	assert.Positive(t, st[last].Placements)
+	assert.Equal(t, int64(2), st[last].Placed-st[last-1].Placed, "both requests at their places")
+	assert.Zero(t, perRep[last], "placed away from the copy")
+	assert.Zero(t, st[last].MappedPages-st[last-1].MappedPages, "no page moves once placed")
+}

@@ -41,10 +41,10 @@ type placer struct {
 	gaveUp  bool
 	// The pool's pages mapped, host waits and refused requests when the
 	// repetition began.
-	movedAt, waitsAt, failsAt int64
-	bad                       int  // repetitions in a row that missed too many places
-	deferred                  bool // a strained repetition's plan waits for the next (keepsAny)
-	heldOver                  bool // the last repetition's small outlived blocks did not plan again (outlived)
+	movedAt, waitsAt, failsAt, copyWaitsAt int64
+	bad                                    int  // repetitions in a row that missed too many places
+	deferred                               bool // a strained repetition's plan waits for the next (keepsAny)
+	heldOver                               bool // the last repetition's small outlived blocks did not plan again (outlived)
 	// outlives are the requests (by key) seen in use at the end of a
 	// repetition: each gets places of its own, taken in turn, whatever
 	// the repetition a plan is made from did with it.
@@ -224,7 +224,7 @@ func (a *Allocator) Repeat(same bool) {
 			p.unplan()
 		}
 	}
-	pl.movedAt, pl.waitsAt, pl.failsAt = p.pagesIn, p.syncs, p.fails
+	pl.movedAt, pl.waitsAt, pl.failsAt, pl.copyWaitsAt = p.pagesIn, p.syncs, p.fails, p.copyWaits
 	pl.totPlaced += int64(pl.placed)
 	pl.totMissed += int64(pl.missed)
 	pl.placed, pl.missed = 0, 0
@@ -328,10 +328,13 @@ func (pl *placer) keepsAny() bool {
 func (pl *placer) key() uint64 { return uint64(pl.step)<<32 | uint64(uint32(pl.inStep)) }
 
 // strained reports whether the repetition that just ended mapped pages,
-// made the host wait or refused a request: what placement is for.
+// made the host wait, refused a request or served one on memory freed
+// behind a caller's copy (its stream then waits for the copy, where a
+// plan that knows when the copy is done would have put it elsewhere):
+// what placement is for.
 func (p *pool) strained() bool {
 	pl := &p.pl
-	return p.pagesIn > pl.movedAt || p.syncs > pl.waitsAt || p.fails > pl.failsAt
+	return p.pagesIn > pl.movedAt || p.syncs > pl.waitsAt || p.fails > pl.failsAt || p.copyWaits > pl.copyWaitsAt
 }
 
 // outlived notes the requests of the repetition that just ended still in

@@ -76,9 +76,12 @@ type pool struct {
 	mapper              Mapper
 	page, space         int64
 	maps, unmaps, syncs int64
-	pagesIn, pagesOut   int64
-	fails               int64    // requests refused (nothing fits)
-	srcs                []DevPtr // remap's scratch
+	// copyWaits counts the requests served behind a caller's event of
+	// another stream (memory freed behind a copy), a stream wait each.
+	copyWaits         int64
+	pagesIn, pagesOut int64
+	fails             int64    // requests refused (nothing fits)
+	srcs              []DevPtr // remap's scratch
 
 	// Events recorded by FreeOn/PutOn, reference-counted by the free blocks
 	// that wait on them; free holds the indices no block refers to.
@@ -263,10 +266,14 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 		return nil, fmt.Errorf("%s: alloc %d bytes: largest free block %d of %d free (reserved %d): %w",
 			what, size, st.LargestFree, st.Free, st.Reserved, ErrOutOfMemory)
 	}
-	waited := false
+	waited, copyWait := false, false
 	for _, e := range b.pending {
 		if e.s == s {
 			continue // same stream: FIFO order already covers it
+		}
+		if !e.known() && !copyWait {
+			copyWait = true
+			p.copyWaits++
 		}
 		if !waited && p.onWait != nil {
 			p.onWait(s, false)
