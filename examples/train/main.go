@@ -357,16 +357,17 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 	// The counts above are the whole run's, warm-up included; a policy's
 	// steps should add none of the first four.
 	var sn int
-	var ev, od, pages, waits, placed int64
+	var ev, od, pages, waits, placed, hostAllocs int64
 	for _, s := range rep.Steps {
 		if stable(s) {
 			sn++
 			ev, od, pages, waits, placed = ev+s.Evictions, od+s.Result.OnDemand, pages+s.Pages, waits+s.HostWaits, placed+s.Placed
+			hostAllocs += s.HostAllocs
 		}
 	}
 	if sn > 0 {
-		fmt.Fprintf(out, "  in the %d STABLE steps: %d forced evictions, %d on-demand swap-ins, %d pages mapped, %d host waits, %d blocks placed\n",
-			sn, ev, od, pages, waits, placed)
+		fmt.Fprintf(out, "  in the %d STABLE steps: %d forced evictions, %d on-demand swap-ins, %d pages mapped, %d host waits, %d blocks placed, %d pinned host allocations\n",
+			sn, ev, od, pages, waits, placed, hostAllocs)
 	}
 	if k := len(rep.Sims); k > 0 {
 		sim := rep.Sims[k-1]

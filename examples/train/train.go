@@ -84,7 +84,10 @@ type Step struct {
 	// Evictions forced, and the device allocator's pages mapped, host
 	// waits and blocks served at their planned place, during the step.
 	Evictions, Pages, HostWaits, Placed int64
-	Pattern                             int // the skip pattern in force (dynamic runs)
+	// HostAllocs is the pinned host buffers the Engine's pool allocated
+	// in the step (each a driver call that may take milliseconds).
+	HostAllocs int64
+	Pattern    int // the skip pattern in force (dynamic runs)
 }
 
 // Report is a whole run.
@@ -165,7 +168,8 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 		s := Step{Index: i, Loss: loss, Time: time.Since(start), Forward: n.fwdEnd.Sub(start), Result: res, Pattern: pat,
 			Out: st.SwappedOutBytes - prev.SwappedOutBytes, In: st.SwappedInBytes - prev.SwappedInBytes, Peak: st.PeakDeviceBytes,
 			Recomputes: st.Recomputes - prev.Recomputes, Evictions: st.Evictions - prev.Evictions,
-			Pages: st.MappedPages - prev.MappedPages, HostWaits: st.HostWaits - prev.HostWaits, Placed: st.Placed - prev.Placed}
+			Pages: st.MappedPages - prev.MappedPages, HostWaits: st.HostWaits - prev.HostWaits, Placed: st.Placed - prev.Placed,
+			HostAllocs: st.HostAllocs - prev.HostAllocs}
 		prev = st
 		rep.Steps = append(rep.Steps, s)
 		if pr := res.Plan; res.Planned && pr.Exec != nil {
