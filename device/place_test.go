@@ -486,16 +486,8 @@ func keptAcrossSteps(t *testing.T, seed uint64) {
 func TestRepeatKeepsMemoryFreedAgainstTheSchedule(t *testing.T) {
 	for _, from := range []int{math.MaxInt32, -1} {
 		const limit, size = 64 << 10, 16 << 10
-		d, err := host.New(limit)
-		require.NoError(t, err)
-		t.Cleanup(func() { d.Close() })
-		a := device.NewAllocator(d)
-		t.Cleanup(func() { a.Close() })
-		require.NoError(t, a.Reserve(limit))
-		s, err := d.NewStream()
-		require.NoError(t, err)
-		ev, err := d.NewEvent()
-		require.NoError(t, err)
+		d, a := newPlain(t, limit)
+		s, ev := copyStream(t, d)
 		var st []device.Stats
 		for rep := range 3 {
 			a.Repeat(true)
@@ -544,23 +536,12 @@ func TestRepeatKeptBlockFreedOnSchedule(t *testing.T) {
 	for _, mapped := range []bool{false, true} {
 		const page, unit = 4 << 10, 16 << 10
 		const limit = 3 * unit
-		var d *host.Device
-		var a *device.Allocator
+		newDev := newPlain
 		if mapped {
-			d, a = newMapped(t, limit, page)
-		} else {
-			var err error
-			d, err = host.New(limit)
-			require.NoError(t, err)
-			t.Cleanup(func() { d.Close() })
-			a = device.NewAllocator(d)
-			t.Cleanup(func() { a.Close() })
-			require.NoError(t, a.Reserve(limit))
+			newDev = func(t testing.TB, limit int64) (*host.Device, *device.Allocator) { return newMapped(t, limit, page) }
 		}
-		s, err := d.NewStream()
-		require.NoError(t, err)
-		ev, err := d.NewEvent()
-		require.NoError(t, err)
+		d, a := newDev(t, limit)
+		s, ev := copyStream(t, d)
 		waits := 0
 		a.OnStreamWait(func(device.Stream, bool) { waits++ })
 		var g device.DevPtr
@@ -616,10 +597,7 @@ func TestRepeatKeptBlockFreedOnSchedule(t *testing.T) {
 func TestRepeatPlansAwayFromCopies(t *testing.T) {
 	const page = 4 << 10
 	d, a := newMapped(t, 4*page, page)
-	s, err := d.NewStream()
-	require.NoError(t, err)
-	ev, err := d.NewEvent()
-	require.NoError(t, err)
+	s, ev := copyStream(t, d)
 	waits := 0
 	a.OnStreamWait(func(_ device.Stream, after bool) {
 		if !after {
@@ -652,4 +630,28 @@ func TestRepeatPlansAwayFromCopies(t *testing.T) {
 	assert.Equal(t, int64(2), st[last].Placed-st[last-1].Placed, "both requests at their places")
 	assert.Zero(t, perRep[last], "placed away from the copy")
 	assert.Zero(t, st[last].MappedPages-st[last-1].MappedPages, "no page moves once placed")
+}
+
+// newPlain is a host device of limit bytes and an allocator on one plain
+// segment of all of it.
+func newPlain(t testing.TB, limit int64) (*host.Device, *device.Allocator) {
+	t.Helper()
+	d, err := host.New(limit)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	a := device.NewAllocator(d)
+	t.Cleanup(func() { a.Close() })
+	require.NoError(t, a.Reserve(limit))
+	return d, a
+}
+
+// copyStream is a stream of d other than the compute one and an event to
+// record on it: what a copy to the host frees memory behind.
+func copyStream(t testing.TB, d *host.Device) (device.Stream, device.Event) {
+	t.Helper()
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+	return s, ev
 }
