@@ -13,9 +13,10 @@ import "github.com/chameleon-go/chameleon/seq"
 // matches, and the next iteration is profiled to replace it, with no
 // return to WARMUP). A sequence with no policy adopts a cached one, or is
 // profiled once the detector leaves WARMUP, or, when it keeps coming back
-// without ever holding M iterations in a row (fp16 skipped steps
-// alternating with real ones), when it is expected next and has been seen
-// M times. A sequence whose planning failed is not planned again. A policy
+// without ever holding M iterations in a row, once it has been seen M
+// times: when it is expected next (fp16 skipped steps alternating with
+// real ones), or when it comes in runs and one is under way (a couple of
+// long sequences between short ones). A sequence whose planning failed is not planned again. A policy
 // the iteration outgrew (its bytes grew and the executor had to force
 // evictions past a twentieth of the planned swaps: a decode loop's KV cache
 // a position longer every step) stays in force and in the cache while the
@@ -37,6 +38,8 @@ type seqSeen struct {
 	count  int
 	next   int  // index of the sequence that followed it last, -1
 	failed bool // planning found no policy for it: not retried
+	// runs: it has followed itself (it comes in runs of two or more).
+	runs bool
 }
 
 func newLifecycle(m int, memDelta, staleMatch float64) lifecycle {
@@ -55,6 +58,12 @@ func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(policyKey) 
 		cur = &l.seqs[l.last]
 	}
 	if !policy && next != seq.Warmup && (cur == nil || !cur.failed) {
+		return true
+	}
+	// A sequence that comes in runs too short to leave WARMUP (a batch of
+	// long sequences between short ones), seen M times and with no policy:
+	// the next iteration, likely the run's next, is profiled.
+	if !policy && cur != nil && cur.runs && cur.count >= l.m && !cur.failed && !cached(cur.key) {
 		return true
 	}
 	if cur == nil || cur.next < 0 {
@@ -105,6 +114,9 @@ func (l *lifecycle) end(o observation) decision {
 	l.seqs[si].count++
 	if l.last >= 0 {
 		l.seqs[l.last].next = si
+		if l.last == si {
+			l.seqs[si].runs = true
+		}
 	}
 	l.last = si
 	cur := &l.seqs[si]

@@ -126,6 +126,12 @@ func TestLifecycleProfile(t *testing.T) {
 			seen: []policyKey{keyB, keyA, keyB, keyA}, policy: true, next: seq.Stable, cached: all},
 		{name: "the one expected next was seen too rarely: no profile",
 			seen: []policyKey{keyA, keyB, keyA}, policy: true, next: seq.Warmup, cached: none},
+		{name: "a sequence in runs too short to leave warm-up, seen M times, a run begun: profile",
+			seen: []policyKey{keyA, keyA, keyB, keyA}, next: seq.Warmup, cached: none, want: true},
+		{name: "such a sequence with a cached policy: no profile",
+			seen: []policyKey{keyA, keyA, keyB, keyA}, next: seq.Warmup, cached: all},
+		{name: "one that never follows itself is not profiled for runs",
+			seen: []policyKey{keyB, keyA, keyB, keyA}, next: seq.Warmup, cached: func(k policyKey) bool { return k == keyB }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

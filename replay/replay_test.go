@@ -73,6 +73,45 @@ func TestDynseqReplansAndHitsCache(t *testing.T) {
 	assert.Equal(t, "STABLE", rep.Stages[12])
 }
 
+// TestDynseqPlansShortRuns: with the default detection (five warm-up
+// iterations), the two 4096-token iterations of each round never hold
+// long enough to leave warm-up, and used to run every round on forced
+// evictions alone. Seen five times, such a run's second iteration is
+// profiled and planned, and from then on the run's second iteration
+// runs its policy: planned swaps, no forced eviction.
+func TestDynseqPlansShortRuns(t *testing.T) {
+	if raceEnabled {
+		t.Skip("four rounds of a large trace: not under the race detector")
+	}
+	tr := shared(t, "llama16-bf16-dynseq.jsonl.gz")
+	rep := run(t, tr, 0.8, 4096, 4, 5, 3)
+	n := len(tr.Iterations)
+	peakOf := func(it *trace.Iteration) int64 {
+		var p int64
+		for _, o := range it.Ops {
+			p = max(p, o.Mem)
+		}
+		return p
+	}
+	var top int64
+	for _, it := range tr.Iterations {
+		top = max(top, peakOf(it))
+	}
+	var long []int // the 4096-token iterations: the trace's peak is theirs
+	for i, it := range tr.Iterations {
+		if peakOf(it) > top*9/10 {
+			long = append(long, i)
+		}
+	}
+	require.Len(t, long, 2, "two 4096-token iterations")
+	last := rep.PerIteration[3*n+long[1]]
+	assert.Equal(t, "STABLE", last.Stage)
+	assert.Positive(t, last.PlannedSwaps)
+	assert.Zero(t, last.Evictions)
+	first := rep.PerIteration[long[1]]
+	assert.Positive(t, first.Evictions, "the first round runs it on forced evictions")
+}
+
 func TestScalerChangesResetAndReuse(t *testing.T) {
 	tr := shared(t, "llama16-fp16-scaler.jsonl.gz")
 	rep := run(t, tr, 0.8, 4096, 1, 1, 1)
