@@ -16,12 +16,12 @@ import "github.com/chameleon-go/chameleon/seq"
 // without ever holding M iterations in a row, once it has been seen M
 // times: when it is expected next (fp16 skipped steps alternating with
 // real ones), or when it comes in runs and one is under way (a couple of
-// long sequences between short ones). A sequence whose planning failed is not planned again. A policy
-// the iteration outgrew (its bytes grew and the executor had to force
-// evictions past a twentieth of the planned swaps: a decode loop's KV cache
-// a position longer every step) stays in force and in the cache while the
-// next iteration is profiled and planned to replace it, again with no
-// return to WARMUP.
+// long sequences between short ones). A sequence whose planning failed is
+// not planned again. A policy the iteration outgrew (its bytes grew and
+// the executor had to force evictions past a twentieth of the planned
+// swaps: a decode loop's KV cache a position longer every step) stays in
+// force and in the cache while the next iteration is profiled and planned
+// to replace it, again with no return to WARMUP.
 type lifecycle struct {
 	m          int     // iterations a sequence must be seen before it is planned
 	memDelta   float64 // two signatures are one sequence within this byte delta
