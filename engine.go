@@ -264,9 +264,13 @@ type Detector interface {
 
 // Stats are the Engine's running totals.
 type Stats struct {
-	Iterations    int
-	Replans       int // policies planned from a detailed profile (a replacement for placement: Tightened)
-	CacheHits     int // policies reused from the cache on a sequence seen before
+	Iterations int
+	Replans    int // policies planned from a detailed profile (a replacement for placement: Tightened)
+	CacheHits  int // policies reused from the cache on a sequence seen before
+	// Expected counts the cached policies applied to an iteration before
+	// it ran, for the sequence expected next (a run as long as its last
+	// one ended: what followed that run).
+	Expected      int
 	StaleDrops    int // cached policies dropped because their tensors no longer matched
 	PolicyUpdates int // cached policies updated to another limit, link or device (a differential update, not a replan)
 	// Outgrown counts policies an iteration outgrew: its bytes grew past

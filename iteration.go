@@ -363,6 +363,7 @@ func (it *Iteration) End() Result {
 		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
 	if p := e.policy; p != nil {
 		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
+		obs.foreign = !p.key.same(key, e.cfg.detect.MaxMemoryDelta)
 		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps, e.grew)
 		obs.unplaced = e.unplaced()
 		r.Matched = p.matched
@@ -389,6 +390,12 @@ func (it *Iteration) End() Result {
 		e.det.Adopt()
 		r.CacheHit = true
 		e.stats.CacheHits++
+	}
+	if d.expect != nil {
+		if p := e.cache.get(*d.expect, e.cfg.detect.MaxMemoryDelta); p != nil && p != e.policy {
+			e.policy = p
+			e.stats.Expected++
+		}
 	}
 	exchange := d.plan && e.exchanges()
 	if exchange && e.adoptShared(key, d.adoptPlanned, &r) {

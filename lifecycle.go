@@ -16,8 +16,11 @@ import "github.com/chameleon-go/chameleon/seq"
 // without ever holding M iterations in a row, once it has been seen M
 // times: when it is expected next (fp16 skipped steps alternating with
 // real ones), or when it comes in runs and one is under way (a couple of
-// long sequences between short ones). A sequence whose planning failed is
-// not planned again. A policy the iteration outgrew (its bytes grew and
+// long sequences between short ones). A run as long as its sequence's
+// last one is taken to be over: the policy of the sequence that followed
+// that run is applied to the next iteration (expect), and dropped at its
+// end if the iteration was another sequence's (foreign). A sequence whose
+// planning failed is not planned again. A policy the iteration outgrew (its bytes grew and
 // the executor had to force evictions past a twentieth of the planned
 // swaps: a decode loop's KV cache a position longer every step) stays in
 // force and in the cache while the next iteration is profiled and planned
@@ -28,6 +31,7 @@ type lifecycle struct {
 	staleMatch float64 // a policy matching fewer than this share of its swaps is stale
 	seqs       []seqSeen
 	last       int  // index in seqs of the latest iteration's sequence, -1
+	run        int  // iterations in a row of the latest sequence
 	refresh    bool // the policy in force is stale: profile the next iteration to replace it
 }
 
@@ -40,6 +44,9 @@ type seqSeen struct {
 	failed bool // planning found no policy for it: not retried
 	// runs: it has followed itself (it comes in runs of two or more).
 	runs bool
+	// lastRun is how long its last run was, after the sequence that
+	// followed that run (-1: none yet).
+	lastRun, after int
 }
 
 func newLifecycle(m int, memDelta, staleMatch float64) lifecycle {
@@ -77,6 +84,9 @@ func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(policyKey) 
 type observation struct {
 	key     policyKey // its sequence signature
 	changed bool      // the detector declared a change
+	// foreign: the policy in force is another sequence's (applied because
+	// that one was expected: decision.expect).
+	foreign bool
 	// policy says whether a policy was in force, with its swaps and how many
 	// of them were matched to live tensors.
 	policy         bool
@@ -106,6 +116,11 @@ type decision struct {
 	// adoptPlanned: once planned, the detector adopts the policy (a
 	// recurring sequence: no warm-up needed).
 	adoptPlanned bool
+	// expect is the sequence expected next: the one that followed the
+	// latest sequence's last run, when this run is as long. Its cached
+	// policy, if any, is applied to the next iteration in place of the one
+	// in force (and dropped at its end if that turns out another sequence).
+	expect *policyKey
 }
 
 // end records an iteration and decides what follows it.
@@ -118,13 +133,21 @@ func (l *lifecycle) end(o observation) decision {
 			l.seqs[si].runs = true
 		}
 	}
+	if l.last == si {
+		l.run++
+	} else {
+		if l.last >= 0 {
+			l.seqs[l.last].lastRun, l.seqs[l.last].after = l.run, si
+		}
+		l.run = 1
+	}
 	l.last = si
 	cur := &l.seqs[si]
 	var d decision
 	inForce := o.policy
 	if o.policy {
 		switch {
-		case o.changed:
+		case o.changed || o.foreign:
 			d.drop, inForce, l.refresh = true, false, false
 		case o.swaps > 0 && float64(o.matched) < l.staleMatch*float64(o.swaps):
 			d.stale = !l.refresh // leaves the cache once
@@ -144,6 +167,12 @@ func (l *lifecycle) end(o observation) decision {
 	if (!inForce || l.refresh) && o.profiled && (!o.changed || recurring) && !cur.failed {
 		l.refresh = false
 		d.plan, d.adoptPlanned = true, o.changed
+	}
+	// A run as long as the sequence's last one is likely over: the one that
+	// followed that run is expected next.
+	if !d.plan && !l.refresh && cur.after >= 0 && cur.after != si && l.run >= cur.lastRun {
+		k := l.seqs[cur.after].key
+		d.expect = &k
 	}
 	return d
 }
@@ -179,6 +208,6 @@ func (l *lifecycle) index(k policyKey) int {
 			return i
 		}
 	}
-	l.seqs = append(l.seqs, seqSeen{key: k, next: -1})
+	l.seqs = append(l.seqs, seqSeen{key: k, next: -1, after: -1})
 	return len(l.seqs) - 1
 }

@@ -162,3 +162,24 @@ func TestOutgrew(t *testing.T) {
 	assert.False(t, outgrew(1010, 1000, 2, 40, 3), "2 evictions against 40 planned swaps")
 	assert.True(t, outgrew(1010, 1000, 3, 40, 5))
 }
+
+// TestLifecycleExpect: a sequence that comes in runs is followed, when
+// its run is as long as the last one, by the sequence that followed that
+// run: its policy is expected next. A policy in force for another
+// sequence than the iteration's (an expectation that did not come true)
+// is dropped, and the iteration's own cached one adopted.
+func TestLifecycleExpect(t *testing.T) {
+	l := history(keyA, keyA, keyB, keyB, keyA, keyA)
+	d := l.end(observation{key: keyB, changed: true})
+	assert.Nil(t, d.expect, "B's runs last two: one is not over")
+	d = l.end(observation{key: keyB})
+	if assert.NotNil(t, d.expect) {
+		assert.Equal(t, keyA, *d.expect, "two B, then A, as last time")
+	}
+	d = l.end(observation{key: keyB, policy: true, foreign: true, swaps: 4, matched: 1, cached: true})
+	assert.True(t, d.drop, "A's policy, applied to a B")
+	assert.True(t, d.adopt)
+	// A single sequence expects nothing.
+	s := history(keyA, keyA, keyA)
+	assert.Nil(t, s.end(observation{key: keyA}).expect)
+}

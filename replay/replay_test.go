@@ -77,8 +77,11 @@ func TestDynseqReplansAndHitsCache(t *testing.T) {
 // iterations), the two 4096-token iterations of each round never hold
 // long enough to leave warm-up, and used to run every round on forced
 // evictions alone. Seen five times, such a run's second iteration is
-// profiled and planned, and from then on the run's second iteration
-// runs its policy: planned swaps, no forced eviction.
+// profiled and planned; from then on the run runs its policy (the first
+// of the two because the 1024-token run before it, as long as the last
+// one, is expected to be followed by it as then): planned swaps, no
+// forced eviction. The 2048-token iteration after them is expected too,
+// and runs its own policy, of no swaps, rather than theirs.
 func TestDynseqPlansShortRuns(t *testing.T) {
 	if raceEnabled {
 		t.Skip("four rounds of a large trace: not under the race detector")
@@ -104,12 +107,16 @@ func TestDynseqPlansShortRuns(t *testing.T) {
 		}
 	}
 	require.Len(t, long, 2, "two 4096-token iterations")
-	last := rep.PerIteration[3*n+long[1]]
-	assert.Equal(t, "STABLE", last.Stage)
-	assert.Positive(t, last.PlannedSwaps)
-	assert.Zero(t, last.Evictions)
-	first := rep.PerIteration[long[1]]
-	assert.Positive(t, first.Evictions, "the first round runs it on forced evictions")
+	for _, i := range long {
+		x := rep.PerIteration[3*n+i]
+		assert.Positive(t, x.PlannedSwaps, "iteration %d", i)
+		assert.Zero(t, x.Evictions, "iteration %d", i)
+		assert.Positive(t, rep.PerIteration[i].Evictions, "the first round runs iteration %d on forced evictions", i)
+	}
+	assert.Equal(t, "STABLE", rep.PerIteration[3*n+long[1]].Stage)
+	after := rep.PerIteration[3*n+(long[1]+1)%n]
+	assert.Zero(t, after.PlannedSwaps, "the iteration after them, under a limit it fits")
+	assert.Positive(t, rep.Stats.Expected)
 }
 
 func TestScalerChangesResetAndReuse(t *testing.T) {
