@@ -240,6 +240,10 @@ type Engine struct {
 	// next plan is such a replacement.
 	superseded []policyKey
 	tighten    bool
+	// expected is the policy last applied because its sequence was
+	// expected next (lifecycle's expect); while it is in force, an
+	// iteration of another sequence drops it.
+	expected *policy
 	// lastBytes is the last iteration's allocated bytes, grew how many
 	// iterations in a row they rose (outgrew).
 	lastBytes int64

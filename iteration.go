@@ -363,7 +363,7 @@ func (it *Iteration) End() Result {
 		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
 	if p := e.policy; p != nil {
 		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
-		obs.foreign = !p.key.same(key, e.cfg.detect.MaxMemoryDelta)
+		obs.foreign = p == e.expected && !p.key.same(key, e.cfg.detect.MaxMemoryDelta)
 		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps, e.grew)
 		obs.unplaced = e.unplaced()
 		r.Matched = p.matched
@@ -393,7 +393,7 @@ func (it *Iteration) End() Result {
 	}
 	if d.expect != nil {
 		if p := e.cache.get(*d.expect, e.cfg.detect.MaxMemoryDelta); p != nil && p != e.policy {
-			e.policy = p
+			e.policy, e.expected = p, p
 			e.stats.Expected++
 		}
 	}

@@ -84,8 +84,8 @@ func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(policyKey) 
 type observation struct {
 	key     policyKey // its sequence signature
 	changed bool      // the detector declared a change
-	// foreign: the policy in force is another sequence's (applied because
-	// that one was expected: decision.expect).
+	// foreign: the policy in force was applied because its sequence was
+	// expected (decision.expect), and the iteration was another one's.
 	foreign bool
 	// policy says whether a policy was in force, with its swaps and how many
 	// of them were matched to live tensors.
