@@ -423,11 +423,7 @@ func keptAcrossSteps(t *testing.T, seed uint64) {
 	var kept [n]live
 	var st []device.Stats
 	for rep := range reps {
-		a.Repeat(true)
-		if rep == 0 {
-			_, err := a.Alloc(2*limit, 0) // refused: placement starts
-			require.ErrorIs(t, err, device.ErrOutOfMemory)
-		}
+		repeatStrained(t, a, rep, limit)
 		tick := 0
 		next := func() { a.Tick(tick); tick++ }
 		alloc := func(size int64, id int) live {
@@ -490,11 +486,7 @@ func TestRepeatKeepsMemoryFreedAgainstTheSchedule(t *testing.T) {
 		s, ev := copyStream(t, d)
 		var st []device.Stats
 		for rep := range 3 {
-			a.Repeat(true)
-			if rep == 0 {
-				_, err := a.Alloc(2*limit, 0) // refused: placement starts
-				require.ErrorIs(t, err, device.ErrOutOfMemory)
-			}
+			repeatStrained(t, a, rep, limit)
 			a.Tick(0)
 			x, err := a.Alloc(size, 0)
 			require.NoError(t, err)
@@ -548,11 +540,7 @@ func TestRepeatKeptBlockFreedOnSchedule(t *testing.T) {
 		var st []device.Stats
 		var early []int
 		for rep := range 6 {
-			a.Repeat(true)
-			if rep == 0 {
-				_, err := a.Alloc(2*limit, 0) // refused: placement starts
-				require.ErrorIs(t, err, device.ErrOutOfMemory)
-			}
+			repeatStrained(t, a, rep, limit)
 			a.Tick(0)
 			if rep > 0 {
 				// Out to the host behind a copy that the schedule expects
@@ -654,4 +642,16 @@ func copyStream(t testing.TB, d *host.Device) (device.Stream, device.Event) {
 	ev, err := d.NewEvent()
 	require.NoError(t, err)
 	return s, ev
+}
+
+// repeatStrained begins repetition rep on a, the first with a request
+// refused (twice the limit), so that the allocator plans placement from
+// it.
+func repeatStrained(t testing.TB, a *device.Allocator, rep int, limit int64) {
+	t.Helper()
+	a.Repeat(true)
+	if rep == 0 {
+		_, err := a.Alloc(2*limit, 0) // refused: placement starts
+		require.ErrorIs(t, err, device.ErrOutOfMemory)
+	}
 }
