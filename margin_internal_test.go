@@ -10,6 +10,7 @@ import (
 
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/simulate"
 )
 
 func TestDeviceDefaults(t *testing.T) {
@@ -28,7 +29,7 @@ func TestDeviceDefaults(t *testing.T) {
 func TestCloserFit(t *testing.T) {
 	e := &Engine{placeFit: 0.9}
 	e.cfg.limit = 1000
-	e.policy = &policy{simPeak: 950}
+	e.policy = &policy{exec: &simulate.Result{Peak: 950}}
 	wrap := func(short int64) error {
 		return fmt.Errorf("plan: %w", &mre.InfeasibleError{Limit: 900, Op: 7, Shortfall: short})
 	}

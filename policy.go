@@ -60,8 +60,7 @@ type policy struct {
 	rcRemade [][]int32
 	matchRM  []int32          // per matcher index, its remade slot, -1
 	simMS    float64          // the simulated step of the plan, as the executor issues it
-	simPeak  int64            // the simulated peak of the plan's bytes (0: unknown)
-	exec     *simulate.Result // the simulation itself (nil: unknown)
+	exec     *simulate.Result // the simulation of the plan (nil: unknown)
 	reuse    []int            // per swap, reuseFrom (nil: unknown)
 	// issue is when, and in which order, the copies are issued; env what
 	// the plan assumed (zero: unknown, a policy of a version 1 file); prof
@@ -213,10 +212,10 @@ func (e *Engine) cached(k policyKey) bool {
 	return e.cache.get(k, e.cfg.detect.MaxMemoryDelta) != nil
 }
 
-// simulated records the plan's simulated step and peak (ex: its
-// simulation as the executor issues it).
+// simulated records the plan's simulation as the executor issues it, its
+// step, and when each swap's memory may be reused (reuseFrom).
 func (p *policy) simulated(ex *simulate.Result) {
-	p.simMS, p.simPeak, p.exec = ex.IterationUS/1000, ex.Peak, ex
+	p.simMS, p.exec = ex.IterationUS/1000, ex
 	p.reuse = nil
 	if len(ex.Out) != len(p.swaps) {
 		return
@@ -302,8 +301,8 @@ func (e *Engine) unplaced() bool {
 // peakShare is the simulated peak of the policy in force as a share of the
 // limit, 1 where it is not known.
 func (e *Engine) peakShare() float64 {
-	if p := e.policy; p != nil && p.simPeak > 0 && e.cfg.limit > 0 {
-		return float64(p.simPeak) / float64(e.cfg.limit)
+	if p := e.policy; p != nil && p.exec != nil && p.exec.Peak > 0 && e.cfg.limit > 0 {
+		return float64(p.exec.Peak) / float64(e.cfg.limit)
 	}
 	return 1
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -186,15 +185,7 @@ func worstLayers(sp []OpSpan, cp []CopySpan, gs []chameleon.GroupTime, n int) []
 }
 
 // ev is one Chrome trace event.
-type ev struct {
-	Name string         `json:"name"`
-	Ph   string         `json:"ph"`
-	PID  int            `json:"pid"`
-	TID  int            `json:"tid"`
-	TS   float64        `json:"ts"`
-	Dur  float64        `json:"dur,omitempty"`
-	Args map[string]any `json:"args,omitempty"`
-}
+type ev = simulate.ChromeEvent
 
 // WriteTimeline writes an iteration's stamped spans as Chrome trace JSON
 // (opens in Perfetto): the device's kernels on one track, its stalls on
@@ -247,52 +238,17 @@ func WriteTimeline(w io.Writer, title string, sp []OpSpan, cp []CopySpan, sim *c
 		}
 	}
 	if sim != nil && sim.Result != nil {
-		evs = append(evs, simulatedEvents(sim, sp)...)
+		// The simulation as process 2: its ops named as they ran, its
+		// waits on a thread of their own.
+		evs = append(evs, ev{Name: "process_name", Ph: "M", PID: 2, Args: map[string]any{"name": "simulated: the policy as the executor issues it"}})
+		names := make([]string, len(sp))
+		for i, s := range sp {
+			names[i] = s.Name
+		}
+		tr := simulate.ChromeTracks{PID: 2, Compute: 1, Stalls: 2, D2H: 4, H2D: 5}
+		if err := sim.Result.ChromeEvents(tr, names, sim.Swaps, sim.Recomputes, func(e ev) error { evs = append(evs, e); return nil }); err != nil {
+			return err
+		}
 	}
 	return json.NewEncoder(w).Encode(map[string]any{"traceEvents": evs, "displayTimeUnit": "ms"})
-}
-
-// simulatedEvents is sim as process 2 of a timeline: the ops (named as in
-// sp where it has them), recomputes and planned waits on a compute track,
-// and the copies each way, each with its swap.
-func simulatedEvents(sim *chameleon.Simulation, sp []OpSpan) []ev {
-	r := sim.Result
-	evs := []ev{
-		{Name: "process_name", Ph: "M", PID: 2, Args: map[string]any{"name": "simulated: the policy as the executor issues it"}},
-		{Name: "thread_name", Ph: "M", PID: 2, TID: 1, Args: map[string]any{"name": "simulated: compute"}},
-		{Name: "thread_name", Ph: "M", PID: 2, TID: 2, Args: map[string]any{"name": "simulated: waits"}},
-		{Name: "thread_name", Ph: "M", PID: 2, TID: 4, Args: map[string]any{"name": "simulated: device to host"}},
-		{Name: "thread_name", Ph: "M", PID: 2, TID: 5, Args: map[string]any{"name": "simulated: host to device"}},
-	}
-	for i, o := range r.Ops {
-		name := fmt.Sprintf("op %d", i)
-		if i < len(sp) {
-			name = sp[i].Name
-		}
-		evs = append(evs, ev{Name: name, Ph: "X", PID: 2, TID: 1, TS: o.Start, Dur: o.End - o.Start, Args: map[string]any{"op": i, "mem": o.Mem}})
-		if o.Stall > 0 {
-			evs = append(evs, ev{Name: "waiting for a copy", Ph: "X", PID: 2, TID: 2, TS: o.Start - o.Stall, Dur: o.Stall, Args: map[string]any{"op": i}})
-		}
-	}
-	for k, s := range r.Recomputed {
-		if k < len(sim.Recomputes) {
-			rc := sim.Recomputes[k]
-			evs = append(evs, ev{Name: "recompute", Ph: "X", PID: 2, TID: 1, TS: s.Start, Dur: s.End - s.Start,
-				Args: map[string]any{"op": rc.Op, "tensor": rc.Tensor, "bytes": rc.Bytes, "before_op": rc.Before}})
-		}
-	}
-	copies := func(ts []simulate.Transfer, name string, tid int) {
-		for _, t := range ts {
-			if math.IsNaN(t.Start) || t.Swap < 0 || t.Swap >= len(sim.Swaps) {
-				continue
-			}
-			s := sim.Swaps[t.Swap]
-			evs = append(evs, ev{Name: name, Ph: "X", PID: 2, TID: tid, TS: t.Start, Dur: t.End - t.Start,
-				Args: map[string]any{"tensor": s.Tensor, "bytes": s.Bytes, "issued_us": t.Issue, "out_after_op": s.Out,
-					"freed_at_op": s.Free, "in_issue_op": s.In, "in_before_op": s.Use}})
-		}
-	}
-	copies(r.Out, "to host", 4)
-	copies(r.In, "to device", 5)
-	return evs
 }
