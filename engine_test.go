@@ -163,6 +163,8 @@ func TestNewValidates(t *testing.T) {
 		{"matching threshold above 1", chameleon.WithMatching(match.Config{Threshold: 1.5}), "threshold"},
 		{"negative matching weight", chameleon.WithMatching(match.Config{Ptr: -1, Stack: 1}), "weight"},
 		{"negative host reserve", chameleon.WithHostReserve(-1), "WithHostReserve"},
+		{"tiers out of order", chameleon.WithTiers(100, 90), "limit tiers"},
+		{"no tiers", chameleon.WithTiers(), "no limit tiers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

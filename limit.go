@@ -56,3 +56,22 @@ func ParseLimit(s string, peak int64) (int64, error) {
 	}
 	return ParseBytes(s)
 }
+
+// ParseTiers reads the limit tiers of WithTiers as people write them:
+// whole percentages, increasing, separated by commas ("90,95,100",
+// "90%, 100%", "100").
+func ParseTiers(s string) ([]int, error) {
+	var out []int
+	for t := range strings.SplitSeq(s, ",") {
+		t = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(t), "%"))
+		v, err := strconv.Atoi(t)
+		if err != nil || v < 1 || v > 100 {
+			return nil, fmt.Errorf("tier %q: want a whole percentage in [1, 100]", t)
+		}
+		if len(out) > 0 && v <= out[len(out)-1] {
+			return nil, fmt.Errorf("tiers %q: want increasing percentages", s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

@@ -47,3 +47,49 @@ func FuzzParseLimit(f *testing.F) {
 		}
 	})
 }
+
+func TestParseTiers(t *testing.T) {
+	tests := []struct {
+		give string
+		want []int
+	}{
+		{"90,95,100", []int{90, 95, 100}},
+		{"90%, 100%", []int{90, 100}},
+		{"100", []int{100}},
+		{"", nil},
+		{"x", nil},
+		{"0,100", nil},
+		{"101", nil},
+		{"95,90", nil},
+		{"90,90", nil},
+		{"90,,100", nil},
+	}
+	for _, tt := range tests {
+		got, err := chameleon.ParseTiers(tt.give)
+		if tt.want == nil {
+			assert.Error(t, err, tt.give)
+			continue
+		}
+		require.NoError(t, err, tt.give)
+		assert.Equal(t, tt.want, got, tt.give)
+	}
+}
+
+// FuzzParseTiers: any text gives an error or tiers WithTiers accepts.
+func FuzzParseTiers(f *testing.F) {
+	for _, s := range []string{"90,95,100", "100", "90%, 100%", "x", "95,90", "0", "1,2,3"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := chameleon.ParseTiers(s)
+		if err != nil {
+			return
+		}
+		require.NotEmpty(t, got, "%q", s)
+		for i, v := range got {
+			if v < 1 || v > 100 || (i > 0 && v <= got[i-1]) {
+				t.Fatalf("%q: tiers %v", s, got)
+			}
+		}
+	})
+}

@@ -287,10 +287,24 @@ func WithGrouper(g plan.Grouper) Option { return withPlan(plan.WithGrouper(g)) }
 // cost model calibrated on the H200).
 func WithEstimator(e layer.Estimator) Option { return withPlan(plan.WithEstimator(e)) }
 
+// WithTiers sets the shares of the limit, in percent and increasing, that
+// a plan aims at in turn, the lowest that can be met winning (default
+// plan.DefaultTiers: 90, 95, 100). The room under the limit is for the
+// allocator's transients between the curve's points: a plan that fills
+// the limit to the byte may find no run of free memory for a block.
+// WithTiers(100) plans for the limit alone, for steps whose blocks pack
+// into it without loss (a few large ones of like sizes, placed
+// (WithPlacement) on mapped pages), where a lower tier only costs
+// recomputes and swaps: the residual MLP of examples/train at 40% of its
+// peak plans for 14.5% simulated overhead at the limit and 31.6% at its
+// 90% tier. Where the blocks still do not pack, placement asks for a
+// tighter plan (Stats.Tightened), after steps that evicted.
+func WithTiers(pcts ...int) Option { return withPlan(plan.WithTiers(pcts...)) }
+
 // WithPlanner replaces the Plan stage (default mre.Plan) and nothing else:
 // the memory model, grouping and estimates are made as usual, the planner
 // is called with the Engine's planner settings (WithPlanOptions and the
-// link) once per limit tier (90%, 95%, then 100% of the limit) until it
+// link) once per limit tier (WithTiers; 90%, 95%, then 100% of the limit) until it
 // returns a policy or an error other than mre.ErrInfeasible, and its policy
 // is simulated as the executor will issue it.
 func WithPlanner(p Planner) Option { return withPlan(plan.WithPlanner(p)) }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"strconv"
 	"strings"
 
 	"github.com/samber/lo"
@@ -52,15 +51,10 @@ func (f planFlags) check() (planConfig, error) {
 		return planConfig{}, usagef("--min-bytes: %v", err)
 	}
 	var tierList []int
-	for t := range strings.SplitSeq(f.tiers, ",") {
-		if t = strings.TrimSuffix(strings.TrimSpace(t), "%"); t == "" {
-			continue
+	if strings.TrimSpace(f.tiers) != "" {
+		if tierList, err = chameleon.ParseTiers(f.tiers); err != nil {
+			return planConfig{}, usagef("--tiers: %v", err)
 		}
-		v, err := strconv.Atoi(t)
-		if err != nil {
-			return planConfig{}, usagef("--tiers: %q is not a whole percentage", t)
-		}
-		tierList = append(tierList, v)
 	}
 	if f.plot != "" {
 		if _, err := plotFormat(f.plot); err != nil {

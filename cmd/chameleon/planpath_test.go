@@ -29,13 +29,15 @@ func TestEnginePlanIsCommandPlan(t *testing.T) {
 		path  string
 		scale int64
 		pct   float64
+		tiers []int // WithTiers and --tiers; nil: the defaults
 	}{
-		{bundled, 1024, 0.85},
-		{filepath.Join(publicDir, "llama16-bf16.jsonl.gz"), 4096, 0.8},
-		{filepath.Join(publicDir, "mixtral8-eager-bf16.jsonl.gz"), 4096, 0.8},
+		{bundled, 1024, 0.85, nil},
+		{filepath.Join(publicDir, "llama16-bf16.jsonl.gz"), 4096, 0.8, nil},
+		{filepath.Join(publicDir, "llama16-bf16.jsonl.gz"), 4096, 0.8, []int{100}},
+		{filepath.Join(publicDir, "mixtral8-eager-bf16.jsonl.gz"), 4096, 0.8, nil},
 	}
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("%s@%v", filepath.Base(c.path), c.pct), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s@%v%v", filepath.Base(c.path), c.pct, c.tiers), func(t *testing.T) {
 			if _, err := os.Stat(c.path); err != nil {
 				t.Skip("public traces absent")
 			}
@@ -53,8 +55,11 @@ func TestEnginePlanIsCommandPlan(t *testing.T) {
 			clock := func() time.Time { now += 17e6; return time.Unix(0, now) }
 			d := seq.DefaultConfig()
 			d.M, d.N = 2, 1
-			rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 2, Limit: limit,
-				Options: []chameleon.Option{chameleon.WithDetection(d), chameleon.WithClock(clock)}})
+			opts := []chameleon.Option{chameleon.WithDetection(d), chameleon.WithClock(clock)}
+			if c.tiers != nil {
+				opts = append(opts, chameleon.WithTiers(c.tiers...))
+			}
+			rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 2, Limit: limit, Options: opts})
 			if rep != nil && rep.Engine != nil {
 				defer rep.Engine.Close()
 			}
@@ -73,9 +78,14 @@ func TestEnginePlanIsCommandPlan(t *testing.T) {
 			// the tensors the host still held at its end.
 			in := plan.Input{Iter: eng.Model.Iter, LiveOut: func(id trace.TensorID) bool { return eng.Model.Lifetime(id).LiveOut }}
 			cli, err := planIteration("engine-profile", 0, in, planConfig{limit: fmt.Sprintf("%dB", limit), curve: "model",
-				minBytes: mre.DefaultMinBytes, prefetch: mre.DefaultPrefetchLayers})
+				minBytes: mre.DefaultMinBytes, prefetch: mre.DefaultPrefetchLayers, tiers: c.tiers})
 			require.NoError(t, err)
 			assert.Equal(t, eng.Planned, cli.PlannedBytes, "the same limit tier")
+			if c.tiers != nil {
+				assert.Equal(t, eng.Limit, eng.Planned, "planned for the limit alone")
+			} else {
+				assert.Less(t, eng.Planned, eng.Limit, "planned for a tier under the limit")
+			}
 			assert.Equal(t, eng.Swaps(), cli.policy.Swaps, "the same swaps")
 			assert.Equal(t, eng.Exec.IterationUS/1000, cli.IterationMSExec, "the same simulated iteration")
 		})

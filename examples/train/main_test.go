@@ -34,6 +34,7 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"--device", "tpu"}, "--device"},
 		{[]string{"--min-swap", "x"}, "--min-swap"},
 		{[]string{"--host-reserve", "x"}, "--host-reserve"},
+		{[]string{"--tiers", "95,90"}, "--tiers"},
 		{[]string{"--phase", "0"}, "--phase 0"},
 		{[]string{"--patterns", "0"}, "--patterns 0"},
 		{[]string{"--steps", "0"}, "--steps 0"},
