@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 
@@ -568,14 +569,24 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	type trial struct {
 		picked []rcand
 		first  float64 // the iteration after one plan-simulate round
+		extra  bool    // not a budget of the first ranking
 	}
 	var trials []trial
 	// bestPicked is the best policy's recomputes, bestFirst their
 	// iteration after one plan-simulate round.
 	var bestPicked []rcand
 	var bestFirst float64
+	// found is a policy with its recomputes and its iteration after one
+	// round; first is the best of the first ranking's budgets.
+	type found struct {
+		pol    *Policy
+		picked []rcand
+		first  float64
+	}
+	var first found
 	screen := cfg
 	screen.rounds = 1
+	extra := false // the trials from here on are not the first ranking's budgets
 	try := func(picked []rcand) error {
 		pol, err := planWith(in, curve, screen, picked)
 		if err != nil {
@@ -585,24 +596,76 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			bestErr = err
 			return nil
 		}
-		trials = append(trials, trial{picked, pol.Sim.IterationUS})
+		trials = append(trials, trial{picked, pol.Sim.IterationUS, extra})
 		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
 			best, bestPicked, bestFirst = pol, picked, pol.Sim.IterationUS
 		}
+		if !extra && (first.pol == nil || pol.Sim.IterationUS < first.pol.Sim.IterationUS) {
+			first = found{pol, picked, pol.Sim.IterationUS}
+		}
 		return nil
 	}
-	prev := -1
-	for _, share := range recomputeBudgets {
-		k := 0
-		for k < len(spent) && spent[k] <= share*base {
-			k++
+	// Each budget takes a prefix of two rankings. The one above takes the
+	// tensors made early in the forward as readily as the late ones, but
+	// only the early ones have the link to themselves before the curve
+	// reaches the limit: the second leaves those to swaps (early).
+	type ranking struct {
+		rcs   []rcand
+		order []int
+		spent []float64
+	}
+	ranks := []ranking{{rcs, order, spent}}
+	if rest := early(rcs, need, in.OpTimes, cfg.link.D2H); len(rest) < len(rcs) {
+		o, sp := pickOrder(rest, need)
+		ranks = append(ranks, ranking{rest, o, sp})
+	}
+	type prefix struct{ r, k int }
+	tried := map[prefix]bool{}
+	top, topUS := prefix{}, math.Inf(1) // the fastest prefix after one round
+	tryPrefix := func(p prefix) error {
+		if tried[p] {
+			return nil
 		}
-		if k == prev {
-			continue // the same set as the budget before
+		tried[p] = true
+		n := len(trials)
+		if err := try(pickPrefix(ranks[p.r].rcs, need, ranks[p.r].order[:p.k])); err != nil {
+			return err
 		}
-		prev = k
-		if err := try(pickPrefix(rcs, need, order[:k])); err != nil {
-			return nil, err
+		if len(trials) > n && trials[n].first < topUS {
+			top, topUS = p, trials[n].first
+		}
+		return nil
+	}
+	// The second ranking is tried at the budgets next to the first's
+	// fastest, and at that one.
+	topShare := 0
+	for r, rk := range ranks {
+		extra = r > 0
+		for b, share := range recomputeBudgets {
+			if r > 0 && (b < topShare-1 || b > topShare+1) {
+				continue
+			}
+			k := 0
+			for k < len(rk.spent) && rk.spent[k] <= share*base {
+				k++
+			}
+			before := topUS
+			if err := tryPrefix(prefix{r, k}); err != nil {
+				return nil, err
+			}
+			if r == 0 && topUS < before {
+				topShare = b
+			}
+		}
+	}
+	// The budgets are coarse in counts where each recompute is dear:
+	// every prefix within nearPrefix of the fastest is tried too.
+	extra = true
+	if !math.IsInf(topUS, 1) {
+		for k := max(top.k-nearPrefix, 0); k <= min(top.k+nearPrefix, len(ranks[top.r].order)); k++ {
+			if err := tryPrefix(prefix{top.r, k}); err != nil {
+				return nil, err
+			}
 		}
 	}
 	// The budgets rank recomputes over the whole need, so they take the
@@ -611,6 +674,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// could have copied out before each op and back after it, they leave
 	// the long gaps to the swaps up to the link's rate; every useful
 	// recompute of that ranking is tried, at shares of that rate.
+	extra = false
 	if len(order) > 0 {
 		start := opStarts(in.OpTimes)
 		for _, share := range linkShares {
@@ -632,9 +696,21 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// further: recomputes run on the compute stream, so no swap plan can
 	// make it faster.
 	slices.SortStableFunc(trials, func(a, b trial) int { return cmp.Compare(a.first, b.first) })
-	for x, tr := range trials {
-		if x == refinedBudgets || cfg.rounds == 1 {
+	var refined [2]int // of the budgets of the first ranking, of the others
+	for _, tr := range trials {
+		if cfg.rounds == 1 || refined[0] == refinedBudgets && refined[1] == refinedExtra {
 			break
+		}
+		if tr.extra {
+			if refined[1] == refinedExtra {
+				continue
+			}
+			refined[1]++
+		} else {
+			if refined[0] == refinedBudgets {
+				continue
+			}
+			refined[0]++
 		}
 		var cost float64
 		for _, c := range tr.picked {
@@ -650,6 +726,9 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 		if pol.Sim.IterationUS < best.Sim.IterationUS {
 			best, bestPicked, bestFirst = pol, tr.picked, tr.first
 		}
+		if !tr.extra && pol.Sim.IterationUS < first.pol.Sim.IterationUS {
+			first = found{pol, tr.picked, tr.first}
+		}
 	}
 	if best == nil {
 		return nil, bestErr
@@ -660,27 +739,81 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// the iteration faster.
 	// Each round is screened (one plan-simulate round, against the same
 	// for the best set), and the set the rounds end with gets every round.
-	if best.Sim.StallUS < stallFloor*base {
-		return best, nil
-	}
-	cur, sim, curUS := bestPicked, best.Sim, bestFirst
-	for range stallRounds {
-		more := addAtStall(rcs, need, cur, sim, cfg.link.D2HShared)
-		if more == nil {
-			break
+	atStall := func(f found) *Policy {
+		if f.pol.Sim.StallUS < stallFloor*base {
+			return f.pol
 		}
-		pol, err := planWith(in, curve, screen, more)
-		if err != nil || pol.Sim.IterationUS >= curUS {
-			break
+		cur, sim, curUS := f.picked, f.pol.Sim, f.first
+		for range stallRounds {
+			more := addAtStall(rcs, need, cur, sim, cfg.link.D2HShared)
+			if more == nil {
+				break
+			}
+			pol, err := planWith(in, curve, screen, more)
+			if err != nil || pol.Sim.IterationUS >= curUS {
+				break
+			}
+			cur, sim, curUS = more, pol.Sim, pol.Sim.IterationUS
 		}
-		cur, sim, curUS = more, pol.Sim, pol.Sim.IterationUS
+		if len(cur) != len(f.picked) {
+			if pol, err := planWith(in, curve, cfg, cur); err == nil && pol.Sim.IterationUS < f.pol.Sim.IterationUS {
+				return pol
+			}
+		}
+		return f.pol
 	}
-	if len(cur) != len(bestPicked) {
-		if pol, err := planWith(in, curve, cfg, cur); err == nil && pol.Sim.IterationUS < best.Sim.IterationUS {
-			best = pol
+	// The rounds start from the best policy, and from the best of the
+	// first ranking's budgets where that is another: a start that waits
+	// longer may end faster.
+	out := atStall(found{best, bestPicked, bestFirst})
+	if first.pol != nil && first.pol != best {
+		if pol := atStall(first); pol.Sim.IterationUS < out.Sim.IterationUS {
+			out = pol
 		}
 	}
-	return best, nil
+	return out, nil
+}
+
+// nearPrefix is how many recomputes either side of the fastest budget's
+// planHybrid tries as budgets of their own.
+const nearPrefix = 2
+
+// early is rcs less the recomputes a swap could stand for with the link
+// to itself: walking them in the order they are dropped, one whose copy
+// out, queued at rate bytes per second behind those already left to
+// swaps, is done before the first op of its gap over the limit (need > 0)
+// is left to the swaps, unless its recompute takes less than a tenth of
+// that copy's time.
+func early(rcs []rcand, need []int64, times []float64, rate float64) []rcand {
+	start := opStarts(times)
+	idx := make([]int, len(rcs))
+	for x := range idx {
+		idx[x] = x
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rcs[a].Drop, rcs[b].Drop) })
+	leave := make([]bool, len(rcs))
+	free := 0.0 // when the link is next free, µs
+	for _, x := range idx {
+		c := &rcs[x]
+		first := c.Drop + 1
+		for first < c.Before && need[first] <= 0 {
+			first++
+		}
+		copyUS := float64(c.Bytes) / rate * 1e6
+		if first == c.Before || c.cost < copyUS/10 {
+			continue
+		}
+		if at := max(free, start[c.Drop+1]) + copyUS; at <= start[first] {
+			leave[x], free = true, at
+		}
+	}
+	var out []rcand
+	for x := range rcs {
+		if !leave[x] {
+			out = append(out, rcs[x])
+		}
+	}
+	return out
 }
 
 // stallFloor: a best policy that waits less than this share of the
@@ -750,6 +883,9 @@ var linkShares = []float64{0.6, 0.8, 1}
 // refinedBudgets is how many budgets, the fastest after one round, get
 // every plan-simulate round.
 const refinedBudgets = 3
+
+// refinedExtra is how many of the other trials get every round.
+const refinedExtra = 1
 
 // planWith plans swaps for what the recomputes rcs leave over the limit.
 func planWith(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error) {

@@ -1,8 +1,10 @@
 package mre
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -201,4 +203,60 @@ func TestRecomputable(t *testing.T) {
 		it.Ops = []trace.Op{tt.op}
 		assert.Equal(t, tt.want, Recomputable(it)[0], "%+v", tt.op)
 	}
+}
+
+// TestEarlyLeavesToSwapsWhatTheLinkCarries: early drops from the
+// candidates exactly those whose copies out, queued in drop order, end
+// before the first op over the limit in their gap, never one whose gap is
+// under the limit throughout or whose recompute is cheap beside its copy.
+func TestEarlyLeavesToSwapsWhatTheLinkCarries(t *testing.T) {
+	link := simulate.H200()
+	left := 0
+	for seed := range 20 {
+		r := rand.New(rand.NewPCG(uint64(seed), 11))
+		it, times := chainGraph(r, 12)
+		m := memory.Build(it, nil)
+		limit := m.Peak * int64(50+r.IntN(40)) / 100
+		need := make([]int64, len(m.Curve))
+		for i, v := range m.Curve {
+			need[i] = v - limit
+		}
+		all := make([]bool, len(it.Ops))
+		for i := range all {
+			all[i] = true
+		}
+		rcs := recomputeCandidates(m, m.Curve, limit, 0, all, times)
+		kept := early(rcs, need, times, link.D2H)
+		require.LessOrEqual(t, len(kept), len(rcs))
+		type key struct {
+			id           trace.TensorID
+			drop, before int
+		}
+		in := map[key]bool{}
+		for _, c := range kept {
+			in[key{c.Tensor, c.Drop, c.Before}] = true
+		}
+		start := opStarts(times)
+		free := 0.0
+		byDrop := slices.Clone(rcs)
+		slices.SortStableFunc(byDrop, func(a, b rcand) int { return cmp.Compare(a.Drop, b.Drop) })
+		for _, c := range byDrop {
+			first := -1
+			for x := c.Drop + 1; x < c.Before; x++ {
+				if need[x] > 0 {
+					first = x
+					break
+				}
+			}
+			copyUS := float64(c.Bytes) / link.D2H * 1e6
+			done := max(free, start[c.Drop+1]) + copyUS
+			want := first >= 0 && c.cost >= copyUS/10 && done <= start[first]
+			if want {
+				free = done
+				left++
+			}
+			assert.Equal(t, !want, in[key{c.Tensor, c.Drop, c.Before}], "seed %d: tensor %d dropped after op %d", seed, c.Tensor, c.Drop)
+		}
+	}
+	assert.Positive(t, left, "some recompute left to swaps")
 }

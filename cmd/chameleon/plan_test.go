@@ -581,13 +581,20 @@ recompute. The recomputes are ranked by time per byte saved, a byte counting onc
 over the limit (the paper's reduction points), lazily re-ranked as others are taken; one ranking
 serves every budget (each takes a prefix), every budget gets one plan-simulate round and the three
 fastest all of them, and a budget whose recompute time alone exceeds the best iteration so far is
-not planned. Ranked over the whole need, the recomputes take the long gaps, which swaps hide for
+not planned. That ranking takes the tensors made early in the forward as readily as the late
+ones, but only the early ones have the link to themselves before the curve reaches the limit; a
+second ranking leaves to swaps those whose copy out, queued in the order they are dropped, would
+be done before the first op over the limit in their gap; it is screened at the budget where the
+first was fastest and the two beside it, then every prefix within two recomputes of the fastest
+of all, and the fastest of these gets every round too.
+Ranked over the whole need, the recomputes take the long gaps, which swaps hide for
 free, as readily as the short ones swaps cannot; so three more rankings run over the need less
 what the link could have copied out before each op and back after it (at 60%, 80% and 100% of the
 link's rate), each taking every useful recompute of its order, and they join the budgets in the
 screen. Where the best policy still waits for copies (more than 0.5% of the compute time), up to
 four rounds recompute more of what is on the device at the longest wait, cheapest per byte, as
-many bytes as the link moves in the wait, while that makes the iteration faster. Swaps across the iteration boundary (optimizer state) have their copies back timed as
+many bytes as the link moves in the wait, while that makes the iteration faster; they start from
+the best policy and from the first ranking's best. Swaps across the iteration boundary (optimizer state) have their copies back timed as
 one engine queues them, latest use first, as well as each alone; the faster plan is kept. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
 peak (8.29 GiB) for +26% and llama7b-8l to 61% (15.43 GiB) for +23%; torch.compile with an
 activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms).
@@ -599,7 +606,7 @@ const planDocTail = `
 
 - Swap and recompute together are the frontier: llama16-bf16 at 80% of its peak costs 1.4%
   instead of 30.0% with swaps alone, at 60% 6.5% instead of 151.9%, at 45% (checkpointing's own
-  peak, +26% measured) 14.3%, at 35% 22.9%; llama16-lora at 45% 4.9%. llama7b-8l at 60% costs 8.3%
+  peak, +26% measured) 14.3%, at 35% 22.9%; llama16-lora at 45% 4.7%. llama7b-8l at 60% costs 8.3%
   (at 61%, checkpointing's peak, ` + "`chameleon plan --recompute --tiers 100 --limit 61%`" + ` gives 7.5%;
   checkpointing +23%). What sets the cost at 45% on llama16 is the loss: at
   ` + "`_log_softmax_backward_data`" + ` the curve is 10.1 GiB over the 8.29 GiB limit, of which the loss's own
@@ -609,7 +616,7 @@ const planDocTail = `
   SiLU, the loss gradient, then matrix products) cost about 13 ms of kernel time. The residual
   stream and attention's outputs (no recompute can make them: a chain deeper than one remade
   input, several outputs) go by the link.
-  fp16-scaler at 45% is 90.0%: its copies out in the forward are link-bound. At 30% no plan is
+  fp16-scaler at 45% is 87.5%: its copies out in the forward are link-bound. At 30% no plan is
   found. These are plans: the executor does not
   yet run every plan as simulated (docs/train.md).
 - The tiers are expensive. Planned for the limit alone, llama16-bf16 at 90% of its peak costs
