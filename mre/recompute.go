@@ -627,12 +627,12 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			return nil
 		}
 		tried[p] = true
-		n := len(trials)
+		had := len(trials)
 		if err := try(pickPrefix(ranks[p.r].rcs, need, ranks[p.r].order[:p.k])); err != nil {
 			return err
 		}
-		if len(trials) > n && trials[n].first < topUS {
-			top, topUS = p, trials[n].first
+		if len(trials) > had && trials[had].first < topUS {
+			top, topUS = p, trials[had].first
 		}
 		return nil
 	}
