@@ -556,7 +556,6 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	for _, d := range in.OpTimes {
 		base += d
 	}
-	var best *Policy
 	var bestErr error
 	// Every budget is tried: the simulated time is not unimodal in the
 	// budget (a few recomputes can make the swap plan worse, more make it
@@ -572,22 +571,26 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 		extra  bool    // not a budget of the first ranking
 	}
 	var trials []trial
-	// bestPicked is the best policy's recomputes, bestFirst their
-	// iteration after one plan-simulate round.
-	var bestPicked []rcand
-	var bestFirst float64
 	// found is a policy with its recomputes and its iteration after one
-	// round; first is the best of the first ranking's budgets.
+	// round: best of all, first of the first ranking's budgets.
 	type found struct {
 		pol    *Policy
 		picked []rcand
 		first  float64
 	}
-	var first found
+	var best, first found
+	keep := func(f found, extra bool) {
+		if best.pol == nil || f.pol.Sim.IterationUS < best.pol.Sim.IterationUS {
+			best = f
+		}
+		if !extra && (first.pol == nil || f.pol.Sim.IterationUS < first.pol.Sim.IterationUS) {
+			first = f
+		}
+	}
 	screen := cfg
 	screen.rounds = 1
-	extra := false // the trials from here on are not the first ranking's budgets
-	try := func(picked []rcand) error {
+	// try screens picked; extra: it is not a budget of the first ranking.
+	try := func(picked []rcand, extra bool) error {
 		pol, err := planWith(in, curve, screen, picked)
 		if err != nil {
 			if !errors.Is(err, ErrInfeasible) {
@@ -597,12 +600,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			return nil
 		}
 		trials = append(trials, trial{picked, pol.Sim.IterationUS, extra})
-		if best == nil || pol.Sim.IterationUS < best.Sim.IterationUS {
-			best, bestPicked, bestFirst = pol, picked, pol.Sim.IterationUS
-		}
-		if !extra && (first.pol == nil || pol.Sim.IterationUS < first.pol.Sim.IterationUS) {
-			first = found{pol, picked, pol.Sim.IterationUS}
-		}
+		keep(found{pol, picked, pol.Sim.IterationUS}, extra)
 		return nil
 	}
 	// Each budget takes a prefix of two rankings. The one above takes the
@@ -622,25 +620,27 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	type prefix struct{ r, k int }
 	tried := map[prefix]bool{}
 	top, topUS := prefix{}, math.Inf(1) // the fastest prefix after one round
-	tryPrefix := func(p prefix) error {
+	// tryPrefix screens prefix p once and reports whether it is the
+	// fastest so far.
+	tryPrefix := func(p prefix, extra bool) (bool, error) {
 		if tried[p] {
-			return nil
+			return false, nil
 		}
 		tried[p] = true
 		had := len(trials)
-		if err := try(pickPrefix(ranks[p.r].rcs, need, ranks[p.r].order[:p.k])); err != nil {
-			return err
+		if err := try(pickPrefix(ranks[p.r].rcs, need, ranks[p.r].order[:p.k]), extra); err != nil {
+			return false, err
 		}
 		if len(trials) > had && trials[had].first < topUS {
 			top, topUS = p, trials[had].first
+			return true, nil
 		}
-		return nil
+		return false, nil
 	}
 	// The second ranking is tried at the budgets next to the first's
 	// fastest, and at that one.
 	topShare := 0
 	for r, rk := range ranks {
-		extra = r > 0
 		for b, share := range recomputeBudgets {
 			if r > 0 && (b < topShare-1 || b > topShare+1) {
 				continue
@@ -649,21 +649,20 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 			for k < len(rk.spent) && rk.spent[k] <= share*base {
 				k++
 			}
-			before := topUS
-			if err := tryPrefix(prefix{r, k}); err != nil {
+			fastest, err := tryPrefix(prefix{r, k}, r > 0)
+			if err != nil {
 				return nil, err
 			}
-			if r == 0 && topUS < before {
+			if r == 0 && fastest {
 				topShare = b
 			}
 		}
 	}
 	// The budgets are coarse in counts where each recompute is dear:
 	// every prefix within nearPrefix of the fastest is tried too.
-	extra = true
 	if !math.IsInf(topUS, 1) {
 		for k := max(top.k-nearPrefix, 0); k <= min(top.k+nearPrefix, len(ranks[top.r].order)); k++ {
-			if err := tryPrefix(prefix{top.r, k}); err != nil {
+			if _, err := tryPrefix(prefix{top.r, k}, true); err != nil {
 				return nil, err
 			}
 		}
@@ -674,7 +673,6 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// could have copied out before each op and back after it, they leave
 	// the long gaps to the swaps up to the link's rate; every useful
 	// recompute of that ranking is tried, at shares of that rate.
-	extra = false
 	if len(order) > 0 {
 		start := opStarts(in.OpTimes)
 		for _, share := range linkShares {
@@ -685,7 +683,7 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 				less[t] = need[t] - int64(share*min(out, back))
 			}
 			o, _ := pickOrder(rcs, less)
-			if err := try(pickPrefix(rcs, less, o)); err != nil {
+			if err := try(pickPrefix(rcs, less, o), false); err != nil {
 				return nil, err
 			}
 		}
@@ -696,41 +694,36 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// further: recomputes run on the compute stream, so no swap plan can
 	// make it faster.
 	slices.SortStableFunc(trials, func(a, b trial) int { return cmp.Compare(a.first, b.first) })
-	var refined [2]int // of the budgets of the first ranking, of the others
+	// How many trials get every round: of the first ranking's budgets, of
+	// the others.
+	quota := [2]int{refinedBudgets, refinedExtra}
+	var refined [2]int
 	for _, tr := range trials {
-		if cfg.rounds == 1 || refined[0] == refinedBudgets && refined[1] == refinedExtra {
+		if cfg.rounds == 1 || refined == quota {
 			break
 		}
+		i := 0
 		if tr.extra {
-			if refined[1] == refinedExtra {
-				continue
-			}
-			refined[1]++
-		} else {
-			if refined[0] == refinedBudgets {
-				continue
-			}
-			refined[0]++
+			i = 1
 		}
+		if refined[i] == quota[i] {
+			continue
+		}
+		refined[i]++
 		var cost float64
 		for _, c := range tr.picked {
 			cost += c.cost
 		}
-		if base+cost >= best.Sim.IterationUS {
+		if base+cost >= best.pol.Sim.IterationUS {
 			continue
 		}
 		pol, err := planWith(in, curve, cfg, tr.picked)
 		if err != nil {
 			return nil, err // the first round met the limit: so do the rest
 		}
-		if pol.Sim.IterationUS < best.Sim.IterationUS {
-			best, bestPicked, bestFirst = pol, tr.picked, tr.first
-		}
-		if !tr.extra && pol.Sim.IterationUS < first.pol.Sim.IterationUS {
-			first = found{pol, tr.picked, tr.first}
-		}
+		keep(found{pol, tr.picked, tr.first}, tr.extra)
 	}
-	if best == nil {
+	if best.pol == nil {
 		return nil, bestErr
 	}
 	// Where the best policy still waits, it waits for copies: recompute
@@ -765,8 +758,8 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// The rounds start from the best policy, and from the best of the
 	// first ranking's budgets where that is another: a start that waits
 	// longer may end faster.
-	out := atStall(found{best, bestPicked, bestFirst})
-	if first.pol != nil && first.pol != best {
+	out := atStall(best)
+	if first.pol != nil && first.pol != best.pol {
 		if pol := atStall(first); pol.Sim.IterationUS < out.Sim.IterationUS {
 			out = pol
 		}
