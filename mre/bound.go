@@ -1,6 +1,12 @@
 package mre
 
-import "github.com/chameleon-go/chameleon/memory"
+import (
+	"cmp"
+	"math"
+	"slices"
+
+	"github.com/chameleon-go/chameleon/memory"
+)
 
 // Bound is the physical lower bound on the slowdown of any swap-only plan.
 type Bound struct {
@@ -139,6 +145,143 @@ func StreamingBound(curve []int64, limit int64, d []float64, out, in float64, ke
 			x = max(x-kept[t], 0)
 		}
 		b = max(b, float64(x)/out*1e6)
+	}
+	return b
+}
+
+// RecomputeBound bounds the overhead of any plan of swaps and recomputes
+// that this package's model admits (in.Recomputable; in.Limit, in.OpTimes,
+// the curve in.ResolveCurve gives): each dropped activation is made again
+// by its producer, with the inputs the trace frees earlier made again by
+// theirs or held, as Plan counts them. Frozen weights leave with no copy
+// (KeptIdle); out is the link's one-way rate out, bytes per second.
+//
+// A plan that adds O µs starts op t at most O late, so by the start of t
+// at most out·(S(t)+O) bytes have crossed out, and the rest of the excess
+// X(t) must be dropped there. Dropping costs compute time: at least the
+// cheapest recomputes alive over t that free that many bytes, taken by
+// their time per byte and the last in part (a held input shared by k of
+// them counted 1/k to each). Every recompute runs on the compute stream,
+// so O is at least that cost at every t; the bound is the least O that
+// covers every t. It ignores the copies back, queueing, congestion and
+// that a recompute's chain may cost more, so real plans can only be
+// slower; with no recompute it is weaker than LowerBound.
+func RecomputeBound(in Input, out float64) Bound {
+	b := Bound{OutOp: -1, InOp: -1}
+	if in.Model == nil || out <= 0 {
+		return b
+	}
+	curve := in.ResolveCurve()
+	n := len(curve)
+	if n == 0 || len(in.OpTimes) != n || len(in.Recomputable) != n {
+		return b
+	}
+	start := opStarts(in.OpTimes)
+	kept := frozenIdle(in.Model)
+	rcs := recomputeCandidates(in.Model, curve, in.Limit, 0, in.Recomputable, in.OpTimes)
+	// The recompute candidates over each op, by the ops they relieve:
+	// (Drop, Before).
+	starts := make([][]int32, n+1)
+	for x := range rcs {
+		if lo := rcs[x].Drop + 1; lo < rcs[x].Before {
+			starts[lo] = append(starts[lo], int32(x))
+		}
+	}
+	type piece struct{ bytes, cost float64 }
+	type point struct {
+		t      int
+		excess float64   // X(t) less the frozen bytes, bytes
+		bytes  []float64 // prefix sums of the pieces, cheapest per byte first
+		costs  []float64
+	}
+	var points []point
+	var alive []int32
+	var pieces []piece
+	share := map[int64]int{}
+	var hi float64 // swaps alone: every point's excess out by then
+	for t := range n {
+		alive = append(alive, starts[t]...)
+		alive = slices.DeleteFunc(alive, func(x int32) bool { return rcs[x].Before <= t })
+		x := curve[t] - in.Limit
+		if kept != nil {
+			x -= kept[t]
+		}
+		if x <= 0 {
+			continue
+		}
+		hi = max(hi, float64(x)/out*1e6-start[t])
+		clear(share)
+		for _, c := range alive {
+			for _, k := range rcs[c].Kept {
+				if k.From <= t {
+					share[int64(k.Tensor)]++
+				}
+			}
+		}
+		pieces = pieces[:0]
+		for _, c := range alive {
+			rc := &rcs[c]
+			saved := float64(rc.Bytes)
+			for _, k := range rc.Kept {
+				if k.From <= t {
+					saved -= float64(k.Bytes) / float64(share[int64(k.Tensor)])
+				}
+			}
+			if saved > 0 {
+				pieces = append(pieces, piece{saved, rc.cost})
+			}
+		}
+		slices.SortFunc(pieces, func(a, b piece) int { return cmp.Compare(a.cost*b.bytes, b.cost*a.bytes) })
+		p := point{t: t, excess: float64(x), bytes: make([]float64, len(pieces)+1), costs: make([]float64, len(pieces)+1)}
+		for i, pc := range pieces {
+			p.bytes[i+1], p.costs[i+1] = p.bytes[i]+pc.bytes, p.costs[i]+pc.cost
+		}
+		points = append(points, p)
+	}
+	if len(points) == 0 {
+		return b
+	}
+	// need is the least recompute time over the points when the plan adds
+	// o µs, and the point that sets it.
+	need := func(o float64) (float64, int) {
+		worst, at := 0.0, -1
+		for i := range points {
+			p := &points[i]
+			y := p.excess - out*(start[p.t]+o)/1e6
+			if y <= 0 {
+				continue
+			}
+			k, _ := slices.BinarySearch(p.bytes, y)
+			var c float64
+			if k >= len(p.bytes) {
+				c = math.Inf(1)
+			} else {
+				c = p.costs[k-1] + (p.costs[k]-p.costs[k-1])*(y-p.bytes[k-1])/(p.bytes[k]-p.bytes[k-1])
+			}
+			if c > worst {
+				worst, at = c, p.t
+			}
+		}
+		return worst, at
+	}
+	// need falls as o grows and is zero at hi: the least o with
+	// need(o) <= o lies in [0, hi].
+	if c, _ := need(0); c == 0 {
+		return b
+	}
+	lo := 0.0
+	for range 64 {
+		mid := (lo + hi) / 2
+		if c, _ := need(mid); c <= mid {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	_, b.OutOp = need(lo)
+	b.OverheadUS = hi
+	if total := start[n]; total > 0 {
+		b.OverheadPct = b.OverheadUS / total * 100
 	}
 	return b
 }

@@ -180,6 +180,49 @@ func TestRecomputeAgainstBruteForce(t *testing.T) {
 	}
 }
 
+// TestRecomputeBoundAgainstBruteForce: on small graphs, over links from the
+// H200's down to one that hides little, no plan beats RecomputeBound: not
+// the best keep / swap / recompute choice, not the planner's.
+func TestRecomputeBoundAgainstBruteForce(t *testing.T) {
+	compared, bounded := 0, 0
+	for _, bw := range []float64{55e9, 4e9, 1e9} {
+		link := simulate.H200().Scaled(bw)
+		for seed := range 30 {
+			r := rand.New(rand.NewPCG(uint64(seed), 11))
+			it, times := chainGraph(r, 6)
+			m := memory.Build(it, nil)
+			limit := m.Peak * int64(45+r.IntN(40)) / 100
+			name := fmt.Sprintf("%.0f GB/s, seed %d, limit %d of %d", bw/1e9, seed, limit, m.Peak)
+			best := bruteForce(it, m, times, limit, link)
+			if best < 0 {
+				continue
+			}
+			all := make([]bool, len(it.Ops))
+			for i := range all {
+				all[i] = true
+			}
+			in := Input{Model: m, Curve: m.Curve, OpTimes: times, Limit: limit, Recomputable: all}
+			b := RecomputeBound(in, link.D2H)
+			var base float64
+			for _, d := range times {
+				base += d
+			}
+			want := (best/base - 1) * 100
+			assert.LessOrEqual(t, b.OverheadPct, want+1e-9, "%s: bound %.2f%% over the best %.2f%%", name, b.OverheadPct, want)
+			if pol, err := Plan(in, WithMinBytes(0), WithLink(link)); err == nil {
+				assert.LessOrEqual(t, b.OverheadPct, pol.Sim.OverheadPct()+1e-9, "%s: the planner beat the bound", name)
+			}
+			compared++
+			if b.OverheadPct > 0 {
+				bounded++
+			}
+		}
+	}
+	t.Logf("%d instances compared, %d with a bound above zero", compared, bounded)
+	assert.Greater(t, compared, 40, "instances compared")
+	assert.Greater(t, bounded, 10, "instances with a bound above zero")
+}
+
 func TestRecomputable(t *testing.T) {
 	it := &trace.Iteration{Tensors: map[trace.TensorID]*trace.Tensor{
 		1: {ID: 1, Kind: trace.KindActivation}, 2: {ID: 2, Kind: trace.KindActivation}, 3: {ID: 3, Kind: trace.KindParam},

@@ -17,6 +17,11 @@
 //     end of op Out (from op Free when that is set), with no wait.
 //   - A swap-in is queued on the H2D engine at the start of op In, and its
 //     memory is taken again from then. Op Use waits for it.
+//   - A swap that wraps the iteration (out after the tensor's last use,
+//     back before its first use in the next) is simulated in steady state:
+//     a copy out still running when the iteration ends holds the D2H engine
+//     at the start of the next, and op 0, which reuses its memory, waits
+//     for it.
 //   - Each engine runs one copy at a time; among the copies issued and not
 //     started it takes the one whose waiting op comes first (a host-side
 //     queue that feeds the copy stream in deadline order). Alone, a direction gets its full
@@ -421,27 +426,43 @@ type engine struct {
 // swap breaks the ordering rules or the op times are not finite and
 // non-negative.
 func Run(in Input) (*Result, error) {
+	r, bl, err := run(in, backlog{})
+	if err != nil || bl.bytes <= 0 {
+		return r, err
+	}
+	// Steady state: the copies out of swaps that wrap, still in flight
+	// when the iteration ends, hold the D2H engine at the start of the
+	// next, whose op 0 waits for them (it reuses their memory).
+	r, _, err = run(in, bl)
+	return r, err
+}
+
+// backlog is what one iteration leaves the next: the bytes of copies out
+// still to go when it ends.
+type backlog struct{ bytes float64 }
+
+func run(in Input, prev backlog) (*Result, backlog, error) {
 	n := len(in.OpTimes)
 	if err := in.Link.validate(); err != nil {
-		return nil, err
+		return nil, backlog{}, err
 	}
 	if in.Curve != nil && len(in.Curve) != n {
-		return nil, fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
+		return nil, backlog{}, fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
 	}
 	for t, d := range in.OpTimes {
 		if !(d >= 0) || math.IsInf(d, 0) {
-			return nil, fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
+			return nil, backlog{}, fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
 		}
 	}
 	for _, s := range in.Swaps {
 		if err := s.Validate(n); err != nil {
-			return nil, fmt.Errorf("simulate: %w", err)
+			return nil, backlog{}, fmt.Errorf("simulate: %w", err)
 		}
 	}
 	recAt := make([][]int, n)
 	for k, rc := range in.Recomputes {
 		if err := rc.Validate(n); err != nil {
-			return nil, fmt.Errorf("simulate: %w", err)
+			return nil, backlog{}, fmt.Errorf("simulate: %w", err)
 		}
 		recAt[rc.Before] = append(recAt[rc.Before], k)
 	}
@@ -458,7 +479,7 @@ func Run(in Input) (*Result, error) {
 	inAt := bucket(n, in.Swaps, func(s Swap) int { return s.In })
 	if ip := in.Issue; ip != nil {
 		if len(ip.OutOp) != len(in.Swaps) || len(ip.InOp) != len(in.Swaps) || len(ip.OutOrder) != len(in.Swaps) || len(ip.InOrder) != len(in.Swaps) {
-			return nil, fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
+			return nil, backlog{}, fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
 		}
 		outAfter, inAt = make([][]int, n), make([][]int, n)
 		for _, k := range ip.OutOrder {
@@ -491,6 +512,9 @@ func Run(in Input) (*Result, error) {
 		return link.D2H / 1e6, link.H2D / 1e6
 	}
 	now := 0.0
+	if prev.bytes > 0 {
+		d2h.busy, d2h.cur, d2h.rem = true, -1, prev.bytes
+	}
 	// Each engine runs, among the copies issued and not started, the one
 	// whose op waits first (earliest deadline first): a copy that no op is
 	// waiting for yet never blocks one that is needed sooner.
@@ -529,7 +553,7 @@ func Run(in Input) (*Result, error) {
 	}
 	always := func(int) bool { return true }
 	// The copy back of a wrapping swap brings what the previous iteration
-	// sent out: it waits for no copy of this one.
+	// sent out: it waits for no copy of this one (op 0 waited for those).
 	outIsDone := func(k int) bool { return outDone[k] || in.Swaps[k].Wraps() }
 	startCopies := func() {
 		if !d2h.busy {
@@ -577,7 +601,9 @@ func Run(in Input) (*Result, error) {
 		done := false
 		// Completion is decided on time, not on the bytes left, so float
 		// rounding can never leave a copy a sliver short forever.
-		if d2h.busy && cd <= next {
+		if d2h.busy && cd <= next && d2h.cur < 0 {
+			d2h.busy, done = false, true // the previous iteration's backlog
+		} else if d2h.busy && cd <= next {
 			k := d2h.cur
 			d2h.busy = false
 			r.Out[k].End = now
@@ -631,15 +657,22 @@ func Run(in Input) (*Result, error) {
 			r.RecomputeUS += d
 		}
 		ready := now
+		if t == 0 {
+			// Op 0 takes the memory of the swaps that wrap: it waits for the
+			// copies out the previous iteration left running.
+			for d2h.busy && d2h.cur < 0 {
+				step(math.Inf(1))
+			}
+		}
 		// Wait for the copies this op depends on.
 		for _, k := range waitFree[t] {
 			if err := wait(k, outDone); err != nil {
-				return nil, err
+				return nil, backlog{}, err
 			}
 		}
 		for _, k := range waitUse[t] {
 			if err := wait(k, inDone); err != nil {
-				return nil, err
+				return nil, backlog{}, err
 			}
 		}
 		// Issues made while waiting are still at the op's start: the copy
@@ -661,6 +694,13 @@ func Run(in Input) (*Result, error) {
 		}
 	}
 	r.IterationUS = now
+	var bl backlog
+	for x := d2h.head; x < len(d2h.queue); x++ {
+		bl.bytes += float64(in.Swaps[d2h.queue[x]].Bytes)
+	}
+	if d2h.busy {
+		bl.bytes += d2h.rem
+	}
 	// Drain copies still in flight (their time is not on the iteration's
 	// critical path, but their figures belong to the result).
 	for step(math.Inf(1)) || d2h.busy || h2d.busy {
@@ -713,7 +753,7 @@ func Run(in Input) (*Result, error) {
 			}
 		}
 	}
-	return r, nil
+	return r, bl, nil
 }
 
 func bucket(n int, swaps []Swap, at func(Swap) int) [][]int {

@@ -129,9 +129,13 @@ func TestWrappingSwap(t *testing.T) {
 		times     []float64
 		wantStall float64
 	}{
-		{"hidden", []float64{100, 1000, 100, 100, 100}, 0},
-		// Issued at op 1's start (100 us); op 4 would start at 400.
-		{"late", []float64{100, 100, 100, 100, 100}, 700},
+		// In steady state the copy out, issued after op 4, runs 1000 us
+		// into the next iteration, whose op 0 waits for it: 1000 us. Then
+		// the copy back, issued at op 1's start, is hidden behind op 1.
+		{"hidden", []float64{100, 1000, 100, 100, 100}, 1000},
+		// Op 0 waits 1000 us; the copy back is issued at op 1's start
+		// (1100 us) and op 4 would start at 1400: 700 us more.
+		{"late", []float64{100, 100, 100, 100, 100}, 1700},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -132,11 +132,14 @@ type planReport struct {
 	OverheadPct      float64 `json:"overhead_pct"`
 	OverheadPctBound float64 `json:"overhead_pct_bound"`
 	// OverheadPctBoundPlanned is the bound at the planned limit tier.
-	OverheadPctBoundPlanned float64    `json:"overhead_pct_bound_planned"`
-	Feasible                bool       `json:"feasible"`
-	Shortfall               *shortfall `json:"shortfall,omitempty"`
-	BytesOut                int64      `json:"bytes_d2h"`
-	BytesIn                 int64      `json:"bytes_h2d"`
+	OverheadPctBoundPlanned float64 `json:"overhead_pct_bound_planned"`
+	// OverheadPctBoundRecompute (with --recompute) is mre.RecomputeBound
+	// at the limit: no plan of swaps and recomputes is faster.
+	OverheadPctBoundRecompute *float64   `json:"overhead_pct_bound_recompute,omitempty"`
+	Feasible                  bool       `json:"feasible"`
+	Shortfall                 *shortfall `json:"shortfall,omitempty"`
+	BytesOut                  int64      `json:"bytes_d2h"`
+	BytesIn                   int64      `json:"bytes_h2d"`
 	// BytesReleased is the bytes of swaps that copy nothing out (their
 	// host copy is current: "d2h": false), released on the device.
 	BytesReleased int64 `json:"bytes_released"`
@@ -361,6 +364,11 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	kept := mre.KeptIdle(res.Model)
 	rep.OverheadPctBound = mre.LowerBoundKept(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
 	rep.StreamingBoundMS = mre.StreamingBound(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept) / 1000
+	if cfg.recompute {
+		rb := mre.RecomputeBound(mre.Input{Model: res.Model, Curve: res.Curve, OpTimes: res.OpTimes, Limit: in.Limit,
+			Recomputable: mre.Recomputable(it)}, link.D2H).OverheadPct
+		rep.OverheadPctBoundRecompute = &rb
+	}
 	if err != nil {
 		var ie *mre.InfeasibleError
 		if errors.As(err, &ie) {
@@ -425,6 +433,9 @@ func printPlan(w io.Writer, r *planReport) {
 		r.StreamingBoundMS, r.StreamingBoundMSPlanned)
 	if len(r.Recomputes) > 0 {
 		fmt.Fprintf(w, "%d recomputes: %s dropped and made again, %.2f ms of compute\n", len(r.Recomputes), fmtBytes(r.BytesRecomputed), r.RecomputeMS)
+	}
+	if r.OverheadPctBoundRecompute != nil {
+		fmt.Fprintf(w, "bound of plans with recompute: %.2f%% at the limit\n", *r.OverheadPctBoundRecompute)
 	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
 	sa := r.Baselines.SwapAll

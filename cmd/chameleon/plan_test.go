@@ -234,7 +234,12 @@ func checkPlan(t *testing.T, it *trace.Iteration, rep *planReport, name string, 
 	assert.InEpsilon(t, rep.IterationMSSim, rep.IterationMSExec, tol, name)
 	assert.LessOrEqual(t, rep.PeakBytesExec, rep.PlannedBytes, name)
 	if len(rep.Recomputes) > 0 {
-		return // the swap-only bound does not hold
+		// The swap-only bound does not hold; the bound with recompute
+		// does, for plans inside the iteration.
+		if rb := rep.OverheadPctBoundRecompute; rb != nil && !forward(it) {
+			assert.GreaterOrEqual(t, rep.OverheadPct, *rb-1e-6, "%s: beat the bound with recompute", name)
+		}
+		return
 	}
 	assert.GreaterOrEqual(t, rep.IterationMSSim, rep.StreamingBoundMSPlanned-1e-6, "%s: beat the streaming bound", name)
 	if forward(it) || slices.ContainsFunc(rep.policy.Swaps, func(s simulate.Swap) bool { return s.NoCopyOut && !it.Tensors[s.Tensor].Frozen }) {
@@ -352,16 +357,20 @@ func planDoc(rows []row) string {
 		fmt.Fprintf(&b, "| %s | %s | %.0f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.2f | yes |\n", r.trace, r.limit, r.planned, r.overhead, r.exact, r.bound, r.swapAll, r.gbSw)
 	}
 	b.WriteString(planDocHybrid)
-	b.WriteString("| trace | limit | swaps alone | swap + recompute | recompute ms | GB recomputed | GB swapped (each way) |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| trace | limit | swaps alone | swap + recompute | bound with recompute | recompute ms | GB recomputed | GB swapped (each way) |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		alone := "infeasible"
 		if r.feasible {
 			alone = fmt.Sprintf("%.1f%%", r.exact)
 		}
 		if h := r.hybrid; h != nil {
-			fmt.Fprintf(&b, "| %s | %s | %s | %.1f%% | %.2f | %.2f | %.2f |\n", r.trace, r.limit, alone, h.OverheadPct, h.RecomputeMS, float64(h.BytesRecomputed)/1e9, float64(h.BytesOut)/1e9)
+			bound := "-"
+			if h.OverheadPctBoundRecompute != nil {
+				bound = fmt.Sprintf("%.1f%%", *h.OverheadPctBoundRecompute)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %.1f%% | %s | %.2f | %.2f | %.2f |\n", r.trace, r.limit, alone, h.OverheadPct, bound, h.RecomputeMS, float64(h.BytesRecomputed)/1e9, float64(h.BytesOut)/1e9)
 		} else {
-			fmt.Fprintf(&b, "| %s | %s | %s | infeasible | - | - | - |\n", r.trace, r.limit, alone)
+			fmt.Fprintf(&b, "| %s | %s | %s | infeasible | - | - | - | - |\n", r.trace, r.limit, alone)
 		}
 	}
 	b.WriteString(planDocTail)
@@ -383,12 +392,15 @@ func TestRecomputeTargets(t *testing.T) {
 		max          float64
 	}{
 		{"llama16-bf16.jsonl.gz", "45%", 15.5},
-		{"llama16-bf16.jsonl.gz", "35%", 25},
+		// The optimizer state that leaves after one step's optimizer still
+		// crosses the link in the next step's forward: 22.9% before the
+		// simulator ran it there.
+		{"llama16-bf16.jsonl.gz", "35%", 52},
 		{"llama7b-8l-bf16.jsonl.gz", "61%", 8.5},
 		{"llama16-lora.jsonl.gz", "45%", 6},
 		// The inputs a recompute reads count through its op (the host made
 		// the op's outputs before it runs): 89% before they did, 110% now.
-		{"llama16-fp16-scaler.jsonl.gz", "45%", 112},
+		{"llama16-fp16-scaler.jsonl.gz", "45%", 90},
 	} {
 		path := filepath.Join(publicDir, c.trace)
 		if _, err := os.Stat(path); err != nil {
@@ -595,7 +607,18 @@ screen. Where the best policy still waits for copies (more than 0.5% of the comp
 four rounds recompute more of what is on the device at the longest wait, cheapest per byte, as
 many bytes as the link moves in the wait, while that makes the iteration faster; they start from
 the best policy and from the first ranking's best. Swaps across the iteration boundary (optimizer state) have their copies back timed as
-one engine queues them, latest use first, as well as each alone; the faster plan is kept. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
+one engine queues them, latest use first, as well as each alone; the faster plan is kept. The
+simulator runs them in steady state: a copy out still running when the step ends holds the D2H
+engine at the start of the next step, whose first op waits for it, since it reuses that memory
+(before, the copies were taken as done by the next step's start: llama16 at 35% was 22.9% then,
+and is 50.8% now, the difference the optimizer state's copies out of one step, about 1.8 GiB,
+running ahead of the next step's forward).
+
+bound with recompute: ` + "`mre.RecomputeBound`" + ` (` + "`overhead_pct_bound_recompute`" + ` in ` + "`plan --json`" + `), the least
+overhead of any plan of swaps and recomputes in this model: a plan adding O starts op t at most O
+late, so at most the link's rate times (start of t + O) has left by then, and the rest of the excess
+at t must be dropped, at no less than the cheapest recomputes alive over t, taken by time per byte
+(the last in part). Every plan in the table is checked against it. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
 peak (8.29 GiB) for +26% and llama7b-8l to 61% (15.43 GiB) for +23%; torch.compile with an
 activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms).
 
@@ -606,7 +629,7 @@ const planDocTail = `
 
 - Swap and recompute together are the frontier: llama16-bf16 at 80% of its peak costs 1.4%
   instead of 30.0% with swaps alone, at 60% 6.5% instead of 151.9%, at 45% (checkpointing's own
-  peak, +26% measured) 14.3%, at 35% 22.9%; llama16-lora at 45% 4.7%. llama7b-8l at 60% costs 8.3%
+  peak, +26% measured) 14.3%, at 35% 50.8%; llama16-lora at 45% 4.7%. llama7b-8l at 60% costs 8.3%
   (at 61%, checkpointing's peak, ` + "`chameleon plan --recompute --tiers 100 --limit 61%`" + ` gives 7.5%;
   checkpointing +23%). What sets the cost at 45% on llama16 is the loss: at
   ` + "`_log_softmax_backward_data`" + ` the curve is 10.1 GiB over the 8.29 GiB limit, of which the loss's own
@@ -615,8 +638,14 @@ const planDocTail = `
   recompute candidates alive there hold 8.7 GiB, and the cheapest 8 GiB of them (casts, products,
   SiLU, the loss gradient, then matrix products) cost about 13 ms of kernel time. The residual
   stream and attention's outputs (no recompute can make them: a chain deeper than one remade
-  input, several outputs) go by the link.
-  fp16-scaler at 45% is 87.5%: its copies out in the forward are link-bound. At 30% no plan is
+  input, several outputs) go by the link. The bound with recompute puts that in one figure: no
+  plan in this model does better than 11.0% there (10.8% with the measured kernel times, against
+  13.96% planned with them). The planner is 2.9-3.3 points above it; the bound takes every
+  recompute alive over the op at its own cost, splits shared held inputs and takes the last one
+  in part, so part of that gap no plan can close. The 10% of the target needs recompute cheaper
+  per byte than one op at a time gives (fused chains, several outputs).
+  fp16-scaler at 45% is 87.5% (bound 11.4%, which counts no copy back): its copies out in the
+  forward are link-bound. At 30% no plan is
   found. These are plans: the executor does not
   yet run every plan as simulated (docs/train.md).
 - The tiers are expensive. Planned for the limit alone, llama16-bf16 at 90% of its peak costs
