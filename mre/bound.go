@@ -2,7 +2,6 @@ package mre
 
 import (
 	"cmp"
-	"math"
 	"slices"
 
 	"github.com/chameleon-go/chameleon/memory"
@@ -156,16 +155,18 @@ func StreamingBound(curve []int64, limit int64, d []float64, out, in float64, ke
 // theirs or held, as Plan counts them. Frozen weights leave with no copy
 // (KeptIdle); out is the link's one-way rate out, bytes per second.
 //
-// A plan that adds O µs starts op t at most O late, so by the start of t
-// at most out·(S(t)+O) bytes have crossed out, and the rest of the excess
-// X(t) must be dropped there. Dropping costs compute time: at least the
-// cheapest recomputes alive over t that free that many bytes, taken by
-// their time per byte and the last in part (a held input shared by k of
-// them counted 1/k to each). Every recompute runs on the compute stream,
-// so O is at least that cost at every t; the bound is the least O that
-// covers every t. It ignores the copies back, queueing, congestion and
-// that a recompute's chain may cost more, so real plans can only be
-// slower; with no recompute it is weaker than LowerBound.
+// Let S(t) be the start of op t on the stall-free timeline and X(t) the
+// excess over the limit after it. A plan that starts op t D µs late has
+// moved at most out·(S(t)+D) bytes off by then; the rest of X(t) must be
+// dropped there, by recomputes that run after t (each before its next
+// use), at no less than g_t, the cheapest recomputes alive over t that
+// free that many bytes, taken by their time per byte and the last in part
+// (a held input shared by k of them counted 1/k to each). So the plan adds
+// at least min over D >= 0 of D + g_t(X(t) - out·(S(t)+D)) at every t,
+// and the bound is the largest of these. It ignores the copies back,
+// queueing, congestion and that a recompute's chain may cost more, so
+// real plans can only be slower; with no recompute it is weaker than
+// LowerBound.
 func RecomputeBound(in Input, out float64) Bound {
 	b := Bound{OutOp: -1, InOp: -1}
 	if in.Model == nil || out <= 0 {
@@ -188,17 +189,10 @@ func RecomputeBound(in Input, out float64) Bound {
 		}
 	}
 	type piece struct{ bytes, cost float64 }
-	type point struct {
-		t      int
-		excess float64   // X(t) less the frozen bytes, bytes
-		bytes  []float64 // prefix sums of the pieces, cheapest per byte first
-		costs  []float64
-	}
-	var points []point
+	rate := out / 1e6 // bytes per µs
 	var alive []int32
 	var pieces []piece
 	share := map[int64]int{}
-	var hi float64 // swaps alone: every point's excess out by then
 	for t := range n {
 		alive = append(alive, starts[t]...)
 		alive = slices.DeleteFunc(alive, func(x int32) bool { return rcs[x].Before <= t })
@@ -206,10 +200,10 @@ func RecomputeBound(in Input, out float64) Bound {
 		if kept != nil {
 			x -= kept[t]
 		}
-		if x <= 0 {
+		y0 := float64(x) - rate*start[t] // what the link cannot have taken by t
+		if x <= 0 || y0 <= 0 {
 			continue
 		}
-		hi = max(hi, float64(x)/out*1e6-start[t])
 		clear(share)
 		for _, c := range alive {
 			for _, k := range rcs[c].Kept {
@@ -232,54 +226,23 @@ func RecomputeBound(in Input, out float64) Bound {
 			}
 		}
 		slices.SortFunc(pieces, func(a, b piece) int { return cmp.Compare(a.cost*b.bytes, b.cost*a.bytes) })
-		p := point{t: t, excess: float64(x), bytes: make([]float64, len(pieces)+1), costs: make([]float64, len(pieces)+1)}
-		for i, pc := range pieces {
-			p.bytes[i+1], p.costs[i+1] = p.bytes[i]+pc.bytes, p.costs[i]+pc.cost
+		// D + g(y0 - rate·D) is convex in D (g is: cheapest first); its
+		// least is at D = 0 or where the link takes over the rest after a
+		// whole number of pieces.
+		least := y0 / rate // the link alone
+		var by, cost float64
+		for _, pc := range pieces {
+			if by+pc.bytes >= y0 {
+				least = min(least, cost+pc.cost*(y0-by)/pc.bytes) // D = 0
+				break
+			}
+			by, cost = by+pc.bytes, cost+pc.cost
+			least = min(least, (y0-by)/rate+cost)
 		}
-		points = append(points, p)
-	}
-	if len(points) == 0 {
-		return b
-	}
-	// need is the least recompute time over the points when the plan adds
-	// o µs, and the point that sets it.
-	need := func(o float64) (float64, int) {
-		worst, at := 0.0, -1
-		for i := range points {
-			p := &points[i]
-			y := p.excess - out*(start[p.t]+o)/1e6
-			if y <= 0 {
-				continue
-			}
-			k, _ := slices.BinarySearch(p.bytes, y)
-			var c float64
-			if k >= len(p.bytes) {
-				c = math.Inf(1)
-			} else {
-				c = p.costs[k-1] + (p.costs[k]-p.costs[k-1])*(y-p.bytes[k-1])/(p.bytes[k]-p.bytes[k-1])
-			}
-			if c > worst {
-				worst, at = c, p.t
-			}
-		}
-		return worst, at
-	}
-	// need falls as o grows and is zero at hi: the least o with
-	// need(o) <= o lies in [0, hi].
-	if c, _ := need(0); c == 0 {
-		return b
-	}
-	lo := 0.0
-	for range 64 {
-		mid := (lo + hi) / 2
-		if c, _ := need(mid); c <= mid {
-			hi = mid
-		} else {
-			lo = mid
+		if least > b.OverheadUS {
+			b.OverheadUS, b.OutOp = least, t
 		}
 	}
-	_, b.OutOp = need(lo)
-	b.OverheadUS = hi
 	if total := start[n]; total > 0 {
 		b.OverheadPct = b.OverheadUS / total * 100
 	}

@@ -51,11 +51,12 @@ func chainGraph(r *rand.Rand, L int) (*trace.Iteration, []float64) {
 }
 
 // bruteForce tries every keep / swap / recompute choice per activation and
-// returns the fastest simulated iteration that meets the limit (Inf when
+// returns the fastest simulated iteration that meets the limit (-1 when
 // none does). A swap frees its memory once its copy out is done and is
 // brought back from the op before its use; a recompute is dropped after
 // the forward and made again before its backward use, after the
-// recomputes of the activations it reads (chains).
+// recomputes of the activations it reads (chains); an input the trace
+// frees before a recompute is held for it.
 func bruteForce(it *trace.Iteration, m *memory.Model, times []float64, limit int64, link simulate.Link) float64 {
 	type gap struct {
 		id         trace.TensorID
@@ -116,7 +117,17 @@ func bruteForce(it *trace.Iteration, m *memory.Model, times []float64, limit int
 				if before[g.id] <= g.i+1 {
 					return
 				}
-				rcs = append(rcs, simulate.Recompute{Tensor: g.id, Bytes: g.bytes, Op: g.prod, Drop: g.i, Before: before[g.id]})
+				// An input the trace frees before the recompute is held for
+				// it, as the planner counts it, unless it is recomputed too.
+				var kept []simulate.Kept
+				for _, id := range it.Ops[g.prod].In {
+					l := m.Lifetime(id)
+					if _, chained := before[id]; l == nil || chained || l.Tensor.Kind.Persistent() || l.Free >= before[g.id] {
+						continue
+					}
+					kept = append(kept, simulate.Kept{Tensor: id, Bytes: l.Bytes, From: l.Free})
+				}
+				rcs = append(rcs, simulate.Recompute{Tensor: g.id, Bytes: g.bytes, Op: g.prod, Drop: g.i, Before: before[g.id], Kept: kept})
 			}
 		}
 		sortRecomputes(rcs)
@@ -187,7 +198,7 @@ func TestRecomputeBoundAgainstBruteForce(t *testing.T) {
 	compared, bounded := 0, 0
 	for _, bw := range []float64{55e9, 4e9, 1e9} {
 		link := simulate.H200().Scaled(bw)
-		for seed := range 30 {
+		for seed := range 40 {
 			r := rand.New(rand.NewPCG(uint64(seed), 11))
 			it, times := chainGraph(r, 6)
 			m := memory.Build(it, nil)
@@ -219,7 +230,7 @@ func TestRecomputeBoundAgainstBruteForce(t *testing.T) {
 		}
 	}
 	t.Logf("%d instances compared, %d with a bound above zero", compared, bounded)
-	assert.Greater(t, compared, 40, "instances compared")
+	assert.Greater(t, compared, 35, "instances compared")
 	assert.Greater(t, bounded, 10, "instances with a bound above zero")
 }
 

@@ -615,10 +615,12 @@ and is 50.8% now, the difference the optimizer state's copies out of one step, a
 running ahead of the next step's forward).
 
 bound with recompute: ` + "`mre.RecomputeBound`" + ` (` + "`overhead_pct_bound_recompute`" + ` in ` + "`plan --json`" + `), the least
-overhead of any plan of swaps and recomputes in this model: a plan adding O starts op t at most O
-late, so at most the link's rate times (start of t + O) has left by then, and the rest of the excess
-at t must be dropped, at no less than the cheapest recomputes alive over t, taken by time per byte
-(the last in part). Every plan in the table is checked against it. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
+overhead of any plan of swaps and recomputes in this model: a plan that starts op t D late has
+moved at most the link's rate times (start of t + D) off by then, and the rest of the excess at t
+must be dropped, by recomputes that run after t, at no less than the cheapest alive over t cost,
+taken by time per byte (the last in part); the plan adds at least the least over D of D plus that,
+at every t. Every plan in the table, and the best keep / swap / recompute choice on small graphs
+found by brute force, is checked against it. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
 peak (8.29 GiB) for +26% and llama7b-8l to 61% (15.43 GiB) for +23%; torch.compile with an
 activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms).
 
@@ -639,12 +641,12 @@ const planDocTail = `
   SiLU, the loss gradient, then matrix products) cost about 13 ms of kernel time. The residual
   stream and attention's outputs (no recompute can make them: a chain deeper than one remade
   input, several outputs) go by the link. The bound with recompute puts that in one figure: no
-  plan in this model does better than 11.0% there (10.8% with the measured kernel times, against
-  13.96% planned with them). The planner is 2.9-3.3 points above it; the bound takes every
-  recompute alive over the op at its own cost, splits shared held inputs and takes the last one
-  in part, so part of that gap no plan can close. The 10% of the target needs recompute cheaper
-  per byte than one op at a time gives (fused chains, several outputs).
-  fp16-scaler at 45% is 87.5% (bound 11.4%, which counts no copy back): its copies out in the
+  plan in this model does better than 12.7% there (12.4% with the measured kernel times, against
+  13.96% planned with them). The planner is 1.6 points above it; the bound takes the cheapest
+  recomputes at each op on its own, splits shared held inputs and takes the last one in part, so
+  part of that gap no plan can close. The 10% of the target needs recompute cheaper per byte than
+  one op at a time gives (fused chains, several outputs).
+  fp16-scaler at 45% is 87.5% (bound 13.5%, which counts no copy back): its copies out in the
   forward are link-bound. At 30% no plan is
   found. These are plans: the executor does not
   yet run every plan as simulated (docs/train.md).
