@@ -179,10 +179,10 @@ type planner struct {
 	// Recomputes chosen before the swaps: need is what they leave, simCurve
 	// the curve without them (the simulator subtracts their bytes itself),
 	// and a swap candidate may not take a tensor off the device where a
-	// recompute needs it or drops it (blocked).
+	// recompute needs it or drops it (fit drops or splits such gaps).
 	recomputes []simulate.Recompute
 	simCurve   []int64
-	blocked    func(c Candidate) bool
+	fit        func(cs []Candidate) []Candidate
 	readAt     func(id trace.TensorID) int // the last op before which a recompute reads it, -1 if none
 	noQueue    bool                        // time wrapping swaps' copies back each alone
 	queued     bool                        // queueing moved a wrapping swap's copy back
@@ -303,8 +303,8 @@ func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 	}
 	candidates := func(minBytes int64) []Candidate {
 		cs := Candidates(in.Model, curve, in.Limit, minBytes)
-		if p.blocked != nil {
-			cs = slices.DeleteFunc(cs, p.blocked)
+		if p.fit != nil {
+			cs = p.fit(cs)
 		}
 		return cs
 	}

@@ -918,8 +918,32 @@ func planWith(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error)
 		}
 		return last
 	}
-	p.blocked = func(c Candidate) bool {
-		return gone[key{c.Tensor, c.Out}] || slices.ContainsFunc(pinned[c.Tensor], func(t int) bool { return t > c.Out && t < c.Use })
+	// A gap a recompute reads the tensor in is swapped in pieces around the
+	// reads: back by the op before the recompute (which runs at the start
+	// of its op, before that op's copies back are waited for), out again
+	// after the recompute's op.
+	p.fit = func(cs []Candidate) []Candidate {
+		var out []Candidate
+		for _, c := range cs {
+			if gone[key{c.Tensor, c.Out}] {
+				continue
+			}
+			from := c.Out
+			reads := slices.Sorted(slices.Values(pinned[c.Tensor]))
+			for _, j := range slices.Compact(reads) {
+				if j <= c.Out || j >= c.Use {
+					continue
+				}
+				if j-1-from >= 2 {
+					out = append(out, Candidate{Tensor: c.Tensor, Bytes: c.Bytes, Out: from, Use: j - 1})
+				}
+				from = j
+			}
+			if c.Use-from >= 2 {
+				out = append(out, Candidate{Tensor: c.Tensor, Bytes: c.Bytes, Out: from, Use: c.Use})
+			}
+		}
+		return out
 	}
 	return planSwaps(in, left, p)
 }
