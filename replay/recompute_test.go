@@ -20,7 +20,8 @@ import (
 // clock makes an iteration take 5 µs, so that at the traces scaled sizes
 // the link cannot hide what must leave and recompute pays. Every public
 // trace with a backward pass, but dynseq, whose lengths change too often
-// for a policy to form in two rounds of its iterations with this detection.
+// for a policy to form in two rounds of its iterations with this detection,
+// and the two models recorded in testdata.
 func TestReplayRecompute(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -30,6 +31,8 @@ func TestReplayRecompute(t *testing.T) {
 		{testtraces.Small, 1024, 0.85}, {"llama16-bf16.jsonl.gz", 4096, 0.6}, {"mixtral8-eager-bf16.jsonl.gz", 4096, 0.8},
 		{"llama16-fp16-scaler.jsonl.gz", 4096, 0.6}, {"llama16-lora.jsonl.gz", 4096, 0.6},
 		{"llama7b-8l-bf16.jsonl.gz", 4096, 0.6}, {"llama16-bf16-ckpt.jsonl.gz", 1024, 0.85},
+		// In testdata: tensors a recompute reads are swapped around the read.
+		{"gpt2-24l.jsonl.gz", 4096, 0.45}, {"qwen2-12l.jsonl.gz", 4096, 0.55},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if raceEnabled && c.name != testtraces.Small {

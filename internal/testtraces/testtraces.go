@@ -57,12 +57,18 @@ func Bundled(t testing.TB) string {
 	return filepath.Join(root, "testdata", Small)
 }
 
-// Path is the path of a trace by file name: the bundled one for Small, else
-// the public one, skipping the test when it is not there.
+// Path is the path of a trace by file name: one in testdata/ (Small and
+// the others recorded there), else the public one, skipping the test when
+// it is not there.
 func Path(t testing.TB, name string) string {
 	t.Helper()
 	if name == Small {
 		return Bundled(t)
+	}
+	if root := Root(); root != "" {
+		if p := filepath.Join(root, "testdata", name); fileExists(p) {
+			return p
+		}
 	}
 	dir := Dir()
 	if dir == "" {
@@ -73,6 +79,11 @@ func Path(t testing.TB, name string) string {
 		t.Skipf("%s: %v", name, err)
 	}
 	return p
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
 }
 
 var (
