@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // Bound is the physical lower bound on the slowdown of any swap-only plan.
@@ -161,7 +162,9 @@ func StreamingBound(curve []int64, limit int64, d []float64, out, in float64, ke
 // dropped there, by recomputes that run after t (each before its next
 // use), at no less than g_t, the cheapest recomputes alive over t that
 // free that many bytes, taken by their time per byte and the last in part
-// (a held input shared by k of them counted 1/k to each). So the plan adds
+// (a held input shared by k of them counted 1/k to each; a gap that may be
+// made again in two ways counted once, at the most it saves and the least
+// it costs). So the plan adds
 // at least min over D >= 0 of D + g_t(X(t) - out·(S(t)+D)) at every t,
 // and the bound is the largest of these. It ignores the copies back,
 // queueing, congestion and that a recompute's chain may cost more, so
@@ -193,6 +196,11 @@ func RecomputeBound(in Input, out float64) Bound {
 	var alive []int32
 	var pieces []piece
 	share := map[int64]int{}
+	type gapKey struct {
+		id   trace.TensorID
+		drop int
+	}
+	gap := map[gapKey]int{}
 	for t := range n {
 		alive = append(alive, starts[t]...)
 		alive = slices.DeleteFunc(alive, func(x int32) bool { return rcs[x].Before <= t })
@@ -212,7 +220,10 @@ func RecomputeBound(in Input, out float64) Bound {
 				}
 			}
 		}
+		// A gap made again in more than one way (inputs held or made
+		// again) is one piece: the most it saves, for the least it costs.
 		pieces = pieces[:0]
+		clear(gap)
 		for _, c := range alive {
 			rc := &rcs[c]
 			saved := float64(rc.Bytes)
@@ -221,9 +232,16 @@ func RecomputeBound(in Input, out float64) Bound {
 					saved -= float64(k.Bytes) / float64(share[int64(k.Tensor)])
 				}
 			}
-			if saved > 0 {
-				pieces = append(pieces, piece{saved, rc.cost})
+			if saved <= 0 {
+				continue
 			}
+			g := gapKey{rc.Tensor, rc.Drop}
+			if x, ok := gap[g]; ok {
+				pieces[x].bytes, pieces[x].cost = max(pieces[x].bytes, saved), min(pieces[x].cost, rc.cost)
+				continue
+			}
+			gap[g] = len(pieces)
+			pieces = append(pieces, piece{saved, rc.cost})
 		}
 		slices.SortFunc(pieces, func(a, b piece) int { return cmp.Compare(a.cost*b.bytes, b.cost*a.bytes) })
 		// D + g(y0 - rate·D) is convex in D (g is: cheapest first); its

@@ -53,6 +53,11 @@ func recomputable(it *trace.Iteration, op *trace.Op) bool {
 	return true
 }
 
+// maxRemakeDepth is how many producers deep an input freed before a
+// recompute may be made again for it (a chain of pointwise ops: GELU's
+// tanh from its argument, made from the matrix product's output).
+const maxRemakeDepth = 4
+
 // rcand is a recompute candidate: an activation over one idle gap, made
 // again by its producer, whose inputs all stay on the device, unchanged,
 // until the recompute.
@@ -62,14 +67,17 @@ type rcand struct {
 	inputs []trace.TensorID // what must be resident at Before: the producer's inputs, remade ones' inputs for them
 	net    int64            // bytes saved less the inputs held for it
 	next   int              // the tensor's next use: Before unless a reader came first
+	deep   bool             // an input is made again by a chain of producers
 }
 
 // recomputeCandidates lists the gaps of activations of at least minBytes,
 // over at least one op after which the curve is over limit, whose producer
-// is recomputable, writes that one output, and reads inputs that stay on
-// the device and unwritten from the producer to the recompute. A dropped
-// input would have to be recomputed or brought back first: such chains are
-// not planned.
+// is recomputable, writes that one output, and reads inputs unwritten from
+// the producer to the recompute: on the device there, or freed before it
+// and then held, or made again just before it (by their producers, from
+// what is on the device, down to maxRemakeDepth producers deep). A gap
+// whose inputs can be both held and made again deep is listed twice, once
+// each way (rcand.deep).
 func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, ok []bool, times []float64) []rcand {
 	it := m.Iter
 	n := len(curve)
@@ -105,25 +113,51 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 	liveAt := func(in *memory.Lifetime, j int) bool {
 		return in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j)
 	}
-	// remakeable reports whether an activation freed before op j can be
-	// made again there: its producer may run again, writes it alone, and
-	// reads storages on the device and unchanged at j.
-	remakeable := func(in *memory.Lifetime, j int) (int, []trace.TensorID, bool) {
-		if in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
-			return 0, nil, false
+	// remake reports how an activation freed before op j can be made
+	// again there: its producer may run again and writes it alone, and
+	// reads storages unchanged since, each on the device at j or itself
+	// made again first (down to depth producers deep). It returns the ops
+	// to run, in order (the deepest first, each once), and the storages on
+	// the device they read.
+	var remake func(in *memory.Lifetime, j, depth int) ([]simulate.Remade, []trace.TensorID, bool)
+	remake = func(in *memory.Lifetime, j, depth int) ([]simulate.Remade, []trace.TensorID, bool) {
+		if depth == 0 || in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
+			return nil, nil, false
 		}
 		q := in.Alloc
 		op := &it.Ops[q]
 		if !ok[q] || len(op.Out) != 1 || !unwritten(in.Tensor.ID, q, in.Free) {
-			return 0, nil, false
+			return nil, nil, false
 		}
+		var chain []simulate.Remade
+		var pins []trace.TensorID
 		for _, id := range op.In {
 			l := m.Lifetime(id)
-			if l == nil || !liveAt(l, j) || !unwritten(id, q, j) {
-				return 0, nil, false
+			if l == nil || !unwritten(id, q, j) {
+				return nil, nil, false
+			}
+			if liveAt(l, j) {
+				if !slices.Contains(pins, id) {
+					pins = append(pins, id)
+				}
+				continue
+			}
+			sub, subPins, ok := remake(l, j, depth-1)
+			if !ok {
+				return nil, nil, false
+			}
+			for _, r := range sub {
+				if !slices.ContainsFunc(chain, func(c simulate.Remade) bool { return c.Tensor == r.Tensor }) {
+					chain = append(chain, r)
+				}
+			}
+			for _, x := range subPins {
+				if !slices.Contains(pins, x) {
+					pins = append(pins, x)
+				}
 			}
 		}
-		return q, op.In, true
+		return append(chain, simulate.Remade{Tensor: in.Tensor.ID, Bytes: in.Bytes, Op: q}), pins, true
 	}
 	var out []rcand
 	for k := range m.Lifetimes {
@@ -147,44 +181,63 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 			if j-i < 2 || j >= n || over[j]-over[i+1] == 0 || !unwritten(lt.Tensor.ID, p, i+1) {
 				continue
 			}
-			resident := true
-			var kept []simulate.Kept
-			var remade []simulate.Remade
-			var keptB int64
-			cost := times[p]
-			pins := slices.Clone(inputs)
-			for _, id := range inputs {
-				in := m.Lifetime(id)
-				if in == nil || !unwritten(id, p, j) {
-					resident = false
-					break
-				}
-				if liveAt(in, j) {
-					continue // on the device at j anyway
-				}
-				// Freed before the recompute: made again just before it, by
-				// its own producer, when that can run there; else held.
-				if q, qin, ok := remakeable(in, j); ok {
-					remade = append(remade, simulate.Remade{Tensor: id, Bytes: in.Bytes, Op: q})
-					cost += times[q]
-					pins = slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id })
-					for _, x := range qin {
-						if !slices.Contains(pins, x) {
-							pins = append(pins, x)
-						}
+			// gapCandidate is the recompute before j with inputs freed
+			// earlier made again up to depth producers deep, else held.
+			gapCandidate := func(depth int) (rcand, bool) {
+				var kept []simulate.Kept
+				var remade []simulate.Remade
+				var keptB int64
+				cost := times[p]
+				pins := slices.Clone(inputs)
+				for _, id := range inputs {
+					in := m.Lifetime(id)
+					if in == nil || !unwritten(id, p, j) {
+						return rcand{}, false
 					}
+					if liveAt(in, j) {
+						continue // on the device at j anyway
+					}
+					if chain, qin, ok := remake(in, j, depth); ok {
+						for _, r := range chain {
+							if !slices.ContainsFunc(remade, func(c simulate.Remade) bool { return c.Tensor == r.Tensor }) {
+								remade = append(remade, r)
+								cost += times[r.Op]
+							}
+						}
+						pins = slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id })
+						for _, x := range qin {
+							if !slices.Contains(pins, x) {
+								pins = append(pins, x)
+							}
+						}
+						continue
+					}
+					kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
+					keptB += in.Bytes
+				}
+				if keptB >= lt.Bytes {
+					return rcand{}, false
+				}
+				return rcand{
+					Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Kept: kept, Remade: remade},
+					cost:      cost, inputs: pins, net: lt.Bytes - keptB,
+				}, true
+			}
+			// Two ways to treat an input freed before the recompute: made
+			// again by its own producer when that reads what is on the
+			// device, else held; or, deeper, made again by a chain of
+			// producers. Each is a candidate where they differ (the
+			// picker takes one gap once).
+			var shallow []simulate.Remade
+			for d, depth := range []int{1, maxRemakeDepth} {
+				c, ok := gapCandidate(depth)
+				if !ok || (d == 1 && slices.Equal(c.Remade, shallow)) {
 					continue
 				}
-				kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
-				keptB += in.Bytes
+				shallow = c.Remade
+				c.Recompute.Drop, c.Recompute.Before, c.next, c.deep = i, j, j, d == 1
+				out = append(out, c)
 			}
-			if !resident || keptB >= lt.Bytes {
-				continue
-			}
-			out = append(out, rcand{
-				Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept, Remade: remade},
-				cost:      cost, inputs: pins, net: lt.Bytes - keptB, next: j,
-			})
 		}
 	}
 	// Cheapest per byte first.
@@ -333,6 +386,12 @@ type move struct{ x, to int }
 // it pays (relieves some and pushes no point over the limit). The change
 // stays in the scratch (ranges, moves) for commit.
 func (ps *picker) trial(c rcand) (rcand, int64, bool) {
+	// A gap is dropped once, however many ways it may be made again.
+	for _, x := range ps.dropped[c.Tensor] {
+		if ps.chosen[x].Drop == c.Drop {
+			return c, 0, false
+		}
+	}
 	// Dropped only up to its first reader.
 	for _, t := range ps.readers[c.Tensor] {
 		if t > c.Drop && t < c.Before {
@@ -552,6 +611,26 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// No size threshold: a recompute costs no copy, and cost per byte
 	// orders the small ones last.
 	rcs := recomputeCandidates(in.Model, curve, in.Limit, 0, in.Recomputable, in.OpTimes)
+	pol, err := hybridWith(in, curve, cfg, need, rcs)
+	// A chain that makes a freed input again saves the bytes holding it
+	// would cost, for more time; ranked by what they save, such
+	// recomputes can crowd out cheaper ones that hold. The search runs
+	// again without them, and the faster policy is kept.
+	if shallow := slices.DeleteFunc(slices.Clone(rcs), func(c rcand) bool { return c.deep }); len(shallow) < len(rcs) {
+		sp, serr := hybridWith(in, curve, cfg, need, shallow)
+		if serr != nil && !errors.Is(serr, ErrInfeasible) {
+			return nil, serr
+		}
+		if serr == nil && (err != nil || sp.Sim.IterationUS < pol.Sim.IterationUS) {
+			return sp, nil
+		}
+	}
+	return pol, err
+}
+
+// hybridWith is planHybrid's search over the recompute candidates rcs.
+func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand) (*Policy, error) {
+	n := len(curve)
 	var base float64
 	for _, d := range in.OpTimes {
 		base += d

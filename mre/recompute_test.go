@@ -314,3 +314,58 @@ func TestEarlyLeavesToSwapsWhatTheLinkCarries(t *testing.T) {
 	}
 	assert.Positive(t, left, "some recompute left to swaps")
 }
+
+// TestRemakesDownAChain: a saved tensor whose input and that input's input
+// were freed is made again from what is still on the device, the deepest
+// first, or, as a second candidate, with its input held.
+func TestRemakesDownAChain(t *testing.T) {
+	it := &trace.Iteration{Tensors: map[trace.TensorID]*trace.Tensor{}}
+	tensor := func(id trace.TensorID, kind trace.Kind) {
+		it.Tensors[id] = &trace.Tensor{ID: id, Bytes: 8 * mib, Kind: kind, DType: "float32", Shape: []int64{2 * mib}}
+	}
+	tensor(1, trace.KindParam)
+	for id := trace.TensorID(2); id <= 8; id++ {
+		tensor(id, trace.KindActivation)
+	}
+	it.Tensors[5].Bytes = 16 * mib // larger than its input: worth dropping with the input held
+	op := func(name string, ph trace.Phase, in []trace.TensorID, out ...trace.TensorID) {
+		it.Ops = append(it.Ops, trace.Op{Seq: len(it.Ops), Name: name, Phase: ph, In: in, Out: out, Mem: -1})
+	}
+	op("aten::mm", trace.PhaseForward, []trace.TensorID{1}, 2)         // x, saved
+	op("aten::mul", trace.PhaseForward, []trace.TensorID{2}, 3)        // a
+	op("aten::add", trace.PhaseForward, []trace.TensorID{3}, 4)        // b, a freed
+	op("aten::tanh", trace.PhaseForward, []trace.TensorID{4}, 5)       // c, saved; b freed
+	op("aten::sum", trace.PhaseForward, []trace.TensorID{5}, 6)        // the loss
+	op("aten::ones_like", trace.PhaseBackward, []trace.TensorID{6}, 7) // the peak
+	op("aten::mul", trace.PhaseBackward, []trace.TensorID{7, 5}, 8)    // reads c
+	op("aten::mul", trace.PhaseBackward, []trace.TensorID{8, 2, 1}, 7) // reads x
+	m := memory.Build(it, nil)
+	times := []float64{100, 10, 10, 10, 10, 10, 50, 100}
+	all := make([]bool, len(it.Ops))
+	for i := range all {
+		all[i] = true
+	}
+	rcs := recomputeCandidates(m, m.Curve, m.Peak-8*mib, 0, all, times)
+	var deep, held *rcand
+	for x := range rcs {
+		if c := &rcs[x]; c.Tensor == 5 {
+			if c.deep {
+				deep = c
+			} else {
+				held = c
+			}
+		}
+	}
+	require.NotNil(t, deep, "%+v", rcs)
+	require.NotNil(t, held, "%+v", rcs)
+	assert.Equal(t, []simulate.Remade{{Tensor: 3, Bytes: 8 * mib, Op: 1}, {Tensor: 4, Bytes: 8 * mib, Op: 2}}, deep.Remade)
+	assert.Empty(t, deep.Kept)
+	assert.InDelta(t, 30, deep.cost, 1e-9, "tanh, add and mul")
+	assert.Equal(t, []trace.TensorID{2}, deep.inputs, "x, on the device")
+	assert.Empty(t, held.Remade)
+	require.Len(t, held.Kept, 1)
+	assert.Equal(t, trace.TensorID(4), held.Kept[0].Tensor)
+	assert.InDelta(t, 10, held.cost, 1e-9)
+	assert.Equal(t, int64(8*mib), held.net, "what holding b costs")
+	assert.Equal(t, int64(16*mib), deep.net)
+}

@@ -183,7 +183,8 @@ type Recompute struct {
 	Before int            `json:"before_op"`
 	Kept   []Kept         `json:"kept_inputs,omitempty"`
 	// Remade lists the producer's inputs that are freed before Before and
-	// made again for the recompute, by their own producers, just before it.
+	// made again for the recompute, by their own producers, just before it,
+	// in the order they run (an input of one of them made again first).
 	Remade []Remade `json:"remade_inputs,omitempty"`
 }
 
