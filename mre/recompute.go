@@ -58,6 +58,9 @@ func recomputable(it *trace.Iteration, op *trace.Op) bool {
 // tanh from its argument, made from the matrix product's output).
 const maxRemakeDepth = 4
 
+// maxRemakeCalls bounds the producers looked at to make one input again.
+const maxRemakeCalls = 16
+
 // rcand is a recompute candidate: an activation over one idle gap, made
 // again by its producer, whose inputs all stay on the device, unchanged,
 // until the recompute.
@@ -118,10 +121,11 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 	// reads storages unchanged since, each on the device at j or itself
 	// made again first (down to depth producers deep). It returns the ops
 	// to run, in order (the deepest first, each once), and the storages on
-	// the device they read.
-	var remake func(in *memory.Lifetime, j, depth int) ([]simulate.Remade, []trace.TensorID, bool)
-	remake = func(in *memory.Lifetime, j, depth int) ([]simulate.Remade, []trace.TensorID, bool) {
-		if depth == 0 || in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
+	// the device they read. *calls bounds the producers looked at (wide
+	// ops several deep would be many).
+	var remake func(in *memory.Lifetime, j, depth int, calls *int) ([]simulate.Remade, []trace.TensorID, bool)
+	remake = func(in *memory.Lifetime, j, depth int, calls *int) ([]simulate.Remade, []trace.TensorID, bool) {
+		if *calls--; *calls < 0 || depth == 0 || in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
 			return nil, nil, false
 		}
 		q := in.Alloc
@@ -142,7 +146,7 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 				}
 				continue
 			}
-			sub, subPins, ok := remake(l, j, depth-1)
+			sub, subPins, ok := remake(l, j, depth-1, calls)
 			if !ok {
 				return nil, nil, false
 			}
@@ -197,7 +201,8 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 					if liveAt(in, j) {
 						continue // on the device at j anyway
 					}
-					if chain, qin, ok := remake(in, j, depth); ok {
+					calls := maxRemakeCalls
+					if chain, qin, ok := remake(in, j, depth, &calls); ok {
 						for _, r := range chain {
 							if !slices.ContainsFunc(remade, func(c simulate.Remade) bool { return c.Tensor == r.Tensor }) {
 								remade = append(remade, r)
