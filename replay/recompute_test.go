@@ -21,7 +21,7 @@ import (
 // the link cannot hide what must leave and recompute pays. Every public
 // trace with a backward pass, but dynseq, whose lengths change too often
 // for a policy to form in two rounds of its iterations with this detection,
-// and the two models recorded in testdata.
+// and the models recorded in testdata.
 func TestReplayRecompute(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -33,6 +33,7 @@ func TestReplayRecompute(t *testing.T) {
 		{"llama7b-8l-bf16.jsonl.gz", 4096, 0.6}, {"llama16-bf16-ckpt.jsonl.gz", 1024, 0.85},
 		// In testdata: tensors a recompute reads are swapped around the read.
 		{"gpt2-24l.jsonl.gz", 4096, 0.45}, {"qwen2-12l.jsonl.gz", 4096, 0.55},
+		{"qwen2-7b-8l.jsonl.gz", 1024, 0.85}, {"gpt2-xl-24l.jsonl.gz", 1024, 0.6},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if raceEnabled && c.name != testtraces.Small {

@@ -432,7 +432,7 @@ func TestRecomputeTargets(t *testing.T) {
 		// Link-bound: its copies out in the forward (50.6%; 87.5% while a
 		// tensor a recompute reads could not be swapped around the read).
 		{"llama16-fp16-scaler.jsonl.gz", "45%", 53},
-		// Two models recorded on the H200 like the public traces, kept in
+		// Models recorded on the H200 like the public traces, kept in
 		// testdata (testdata/README.md), at their own checkpointing peaks.
 		// GPT-2's dropout is not recomputable and its layer norms have
 		// three outputs: 22.2% (its bound 22.2%), where checkpointing
@@ -442,6 +442,12 @@ func TestRecomputeTargets(t *testing.T) {
 		{"../../testdata/gpt2-24l.jsonl.gz", "7.08GiB", 25},
 		// Qwen2, 12 layers: 12.2% (bound 11.6%); checkpointing +49% to +67%.
 		{"../../testdata/qwen2-12l.jsonl.gz", "5.56GiB", 13.5},
+		// Qwen2-7B's layer shape, 8 layers: 2.2% (bound 1.8%);
+		// checkpointing, at 81% of the peak, +21% to +24%.
+		{"../../testdata/qwen2-7b-8l.jsonl.gz", "16.39GiB", 3.5},
+		// GPT-2 XL's width, 24 layers: 18.9% (bound 17.7%); checkpointing
+		// +43% to +47%.
+		{"../../testdata/gpt2-xl-24l.jsonl.gz", "7.36GiB", 21},
 	} {
 		path := filepath.Join(publicDir, c.trace)
 		if strings.HasPrefix(c.trace, "../") {
@@ -699,11 +705,14 @@ const planDocTail = `
   fp16-scaler at 45% is 50.6% (bound 13.5%, which counts no copy back): its copies out in the
   forward are link-bound. At 30% no plan is
   found.
-- Two models the planner was not tuned on, recorded on the H200 the same way and kept in
+- Models the planner was not tuned on, recorded on the H200 the same way and kept in
   testdata/ (testdata/README.md), planned at their own checkpointing peaks: GPT-2 (24 layers,
   dropout 0.1) at 7.08 GiB costs 22.2% (bound 22.2%; with its measured kernel times 15.0%, bound
   14.5%), where checkpointing measured +27% to +31%; Qwen2 (12 layers) at 5.56 GiB costs 12.2%
-  (bound 11.2%), where checkpointing measured +49% to +67%. GPT-2 cost 224.6% while a tensor a
+  (bound 11.2%), where checkpointing measured +49% to +67%. Two more, of larger layers, at
+  theirs: Qwen2-7B's layer shape (8 layers) at 16.39 GiB 2.2% (bound 1.8%; checkpointing +21% to
+  +24%), GPT-2 XL's width (24 layers) at 7.36 GiB 18.9% (bound 17.7%; with its kernel times
+  14.7%; checkpointing +43% to +47%). GPT-2 cost 224.6% while a tensor a
   recompute reads could not be swapped around the read, and 45.7% while inputs were remade one
   producer deep. These are plans: the executor does not
   yet run every plan as simulated (docs/train.md).
