@@ -440,7 +440,7 @@ func TestRecomputeTargets(t *testing.T) {
 		// could not be swapped around the read, 45.7% while inputs were
 		// remade one producer deep (its GELU's tanh was then held).
 		{"../../testdata/gpt2-24l.jsonl.gz", "7.08GiB", 25},
-		// Qwen2, 12 layers: 12.2% (bound 11.6%); checkpointing +49% to +67%.
+		// Qwen2, 12 layers: 12.2% (bound 11.2%); checkpointing +49% to +67%.
 		{"../../testdata/qwen2-12l.jsonl.gz", "5.56GiB", 13.5},
 		// Qwen2-7B's layer shape, 8 layers: 2.2% (bound 1.8%);
 		// checkpointing, at 81% of the peak, +21% to +24%.
