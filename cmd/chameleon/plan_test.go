@@ -666,9 +666,10 @@ the best policy and from the first ranking's best. Swaps across the iteration bo
 one engine queues them, latest use first, as well as each alone; the faster plan is kept. The
 simulator runs them in steady state: a copy out still running when the step ends holds the D2H
 engine at the start of the next step, whose first op waits for it, since it reuses that memory
-(before, the copies were taken as done by the next step's start: llama16 at 35% was 22.9% then,
-and 49.3% right after, the difference the optimizer state's copies out of one step, about 1.8
-GiB, running ahead of the next step's forward; 45.8% with the deep remakes).
+(before, the copies were taken as done by the next step's start: llama16 at 35% was 22.9% then
+and 50.8% right after, the difference the optimizer state's copies out of one step, about 1.8
+GiB, running ahead of the next step's forward; 45.8% now, with the swaps around recompute reads
+and the deep remakes).
 
 bound with recompute: ` + "`mre.RecomputeBound`" + ` (` + "`overhead_pct_bound_recompute`" + ` in ` + "`plan --json`" + `), the least
 overhead of any plan of swaps and recomputes in this model: a plan that starts op t D late has
