@@ -195,7 +195,7 @@ func RecomputeBound(in Input, out float64) Bound {
 	rate := out / 1e6 // bytes per µs
 	var alive []int32
 	var pieces []piece
-	share := map[int64]int{}
+	share := map[trace.TensorID]int{}
 	type gapKey struct {
 		id   trace.TensorID
 		drop int
@@ -216,7 +216,7 @@ func RecomputeBound(in Input, out float64) Bound {
 		for _, c := range alive {
 			for _, k := range rcs[c].Kept {
 				if k.From <= t {
-					share[int64(k.Tensor)]++
+					share[k.Tensor]++
 				}
 			}
 		}
@@ -229,7 +229,7 @@ func RecomputeBound(in Input, out float64) Bound {
 			saved := float64(rc.Bytes)
 			for _, k := range rc.Kept {
 				if k.From <= t {
-					saved -= float64(k.Bytes) / float64(share[int64(k.Tensor)])
+					saved -= float64(k.Bytes) / float64(share[k.Tensor])
 				}
 			}
 			if saved <= 0 {

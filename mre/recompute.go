@@ -141,25 +141,15 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 				return nil, nil, false
 			}
 			if liveAt(l, j) {
-				if !slices.Contains(pins, id) {
-					pins = append(pins, id)
-				}
+				pins = appendNew(pins, id)
 				continue
 			}
 			sub, subPins, ok := remake(l, j, depth-1, calls)
 			if !ok {
 				return nil, nil, false
 			}
-			for _, r := range sub {
-				if !slices.ContainsFunc(chain, func(c simulate.Remade) bool { return c.Tensor == r.Tensor }) {
-					chain = append(chain, r)
-				}
-			}
-			for _, x := range subPins {
-				if !slices.Contains(pins, x) {
-					pins = append(pins, x)
-				}
-			}
+			chain = appendRemade(chain, sub...)
+			pins = appendNew(pins, subPins...)
 		}
 		return append(chain, simulate.Remade{Tensor: in.Tensor.ID, Bytes: in.Bytes, Op: q}), pins, true
 	}
@@ -203,18 +193,8 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 					}
 					calls := maxRemakeCalls
 					if chain, qin, ok := remake(in, j, depth, &calls); ok {
-						for _, r := range chain {
-							if !slices.ContainsFunc(remade, func(c simulate.Remade) bool { return c.Tensor == r.Tensor }) {
-								remade = append(remade, r)
-								cost += times[r.Op]
-							}
-						}
-						pins = slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id })
-						for _, x := range qin {
-							if !slices.Contains(pins, x) {
-								pins = append(pins, x)
-							}
-						}
+						remade = appendRemade(remade, chain...)
+						pins = appendNew(slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id }), qin...)
 						continue
 					}
 					kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
@@ -223,9 +203,12 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 				if keptB >= lt.Bytes {
 					return rcand{}, false
 				}
+				for _, r := range remade {
+					cost += times[r.Op]
+				}
 				return rcand{
-					Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Kept: kept, Remade: remade},
-					cost:      cost, inputs: pins, net: lt.Bytes - keptB,
+					Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept, Remade: remade},
+					cost:      cost, inputs: pins, net: lt.Bytes - keptB, next: j,
 				}, true
 			}
 			// Two ways to treat an input freed before the recompute: made
@@ -233,15 +216,13 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 			// device, else held; or, deeper, made again by a chain of
 			// producers. Each is a candidate where they differ (the
 			// picker takes one gap once).
-			var shallow []simulate.Remade
-			for d, depth := range []int{1, maxRemakeDepth} {
-				c, ok := gapCandidate(depth)
-				if !ok || (d == 1 && slices.Equal(c.Remade, shallow)) {
-					continue
-				}
-				shallow = c.Remade
-				c.Recompute.Drop, c.Recompute.Before, c.next, c.deep = i, j, j, d == 1
-				out = append(out, c)
+			held, okHeld := gapCandidate(1)
+			if okHeld {
+				out = append(out, held)
+			}
+			if deep, ok := gapCandidate(maxRemakeDepth); ok && !slices.Equal(deep.Remade, held.Remade) {
+				deep.deep = true
+				out = append(out, deep)
 			}
 		}
 	}
@@ -250,6 +231,27 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 		return cmp.Compare(a.cost/float64(a.net), b.cost/float64(b.net))
 	})
 	return out
+}
+
+// appendNew appends to ids those of xs it does not hold yet.
+func appendNew(ids []trace.TensorID, xs ...trace.TensorID) []trace.TensorID {
+	for _, x := range xs {
+		if !slices.Contains(ids, x) {
+			ids = append(ids, x)
+		}
+	}
+	return ids
+}
+
+// appendRemade appends to rs those of more whose tensor it does not hold
+// yet, in order.
+func appendRemade(rs []simulate.Remade, more ...simulate.Remade) []simulate.Remade {
+	for _, r := range more {
+		if !slices.ContainsFunc(rs, func(c simulate.Remade) bool { return c.Tensor == r.Tensor }) {
+			rs = append(rs, r)
+		}
+	}
+	return rs
 }
 
 // pickRecomputes selects recomputes that relieve points still over the

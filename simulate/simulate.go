@@ -427,43 +427,42 @@ type engine struct {
 // swap breaks the ordering rules or the op times are not finite and
 // non-negative.
 func Run(in Input) (*Result, error) {
-	r, bl, err := run(in, backlog{})
-	if err != nil || bl.bytes <= 0 {
+	r, backlog, err := run(in, 0)
+	if err != nil || backlog <= 0 {
 		return r, err
 	}
 	// Steady state: the copies out of swaps that wrap, still in flight
 	// when the iteration ends, hold the D2H engine at the start of the
 	// next, whose op 0 waits for them (it reuses their memory).
-	r, _, err = run(in, bl)
+	r, _, err = run(in, backlog)
 	return r, err
 }
 
-// backlog is what one iteration leaves the next: the bytes of copies out
-// still to go when it ends.
-type backlog struct{ bytes float64 }
-
-func run(in Input, prev backlog) (*Result, backlog, error) {
+// run simulates one iteration whose D2H engine starts with backlog bytes
+// of the previous one's copies out still to go, and returns what it
+// leaves the next.
+func run(in Input, backlog float64) (*Result, float64, error) {
 	n := len(in.OpTimes)
 	if err := in.Link.validate(); err != nil {
-		return nil, backlog{}, err
+		return nil, 0, err
 	}
 	if in.Curve != nil && len(in.Curve) != n {
-		return nil, backlog{}, fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
+		return nil, 0, fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
 	}
 	for t, d := range in.OpTimes {
 		if !(d >= 0) || math.IsInf(d, 0) {
-			return nil, backlog{}, fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
+			return nil, 0, fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
 		}
 	}
 	for _, s := range in.Swaps {
 		if err := s.Validate(n); err != nil {
-			return nil, backlog{}, fmt.Errorf("simulate: %w", err)
+			return nil, 0, fmt.Errorf("simulate: %w", err)
 		}
 	}
 	recAt := make([][]int, n)
 	for k, rc := range in.Recomputes {
 		if err := rc.Validate(n); err != nil {
-			return nil, backlog{}, fmt.Errorf("simulate: %w", err)
+			return nil, 0, fmt.Errorf("simulate: %w", err)
 		}
 		recAt[rc.Before] = append(recAt[rc.Before], k)
 	}
@@ -480,7 +479,7 @@ func run(in Input, prev backlog) (*Result, backlog, error) {
 	inAt := bucket(n, in.Swaps, func(s Swap) int { return s.In })
 	if ip := in.Issue; ip != nil {
 		if len(ip.OutOp) != len(in.Swaps) || len(ip.InOp) != len(in.Swaps) || len(ip.OutOrder) != len(in.Swaps) || len(ip.InOrder) != len(in.Swaps) {
-			return nil, backlog{}, fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
+			return nil, 0, fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
 		}
 		outAfter, inAt = make([][]int, n), make([][]int, n)
 		for _, k := range ip.OutOrder {
@@ -513,8 +512,8 @@ func run(in Input, prev backlog) (*Result, backlog, error) {
 		return link.D2H / 1e6, link.H2D / 1e6
 	}
 	now := 0.0
-	if prev.bytes > 0 {
-		d2h.busy, d2h.cur, d2h.rem = true, -1, prev.bytes
+	if backlog > 0 {
+		d2h.busy, d2h.cur, d2h.rem = true, -1, backlog
 	}
 	// Each engine runs, among the copies issued and not started, the one
 	// whose op waits first (earliest deadline first): a copy that no op is
@@ -668,12 +667,12 @@ func run(in Input, prev backlog) (*Result, backlog, error) {
 		// Wait for the copies this op depends on.
 		for _, k := range waitFree[t] {
 			if err := wait(k, outDone); err != nil {
-				return nil, backlog{}, err
+				return nil, 0, err
 			}
 		}
 		for _, k := range waitUse[t] {
 			if err := wait(k, inDone); err != nil {
-				return nil, backlog{}, err
+				return nil, 0, err
 			}
 		}
 		// Issues made while waiting are still at the op's start: the copy
@@ -695,12 +694,12 @@ func run(in Input, prev backlog) (*Result, backlog, error) {
 		}
 	}
 	r.IterationUS = now
-	var bl backlog
+	var left float64 // this iteration's backlog
 	for x := d2h.head; x < len(d2h.queue); x++ {
-		bl.bytes += float64(in.Swaps[d2h.queue[x]].Bytes)
+		left += float64(in.Swaps[d2h.queue[x]].Bytes)
 	}
 	if d2h.busy {
-		bl.bytes += d2h.rem
+		left += d2h.rem
 	}
 	// Drain copies still in flight (their time is not on the iteration's
 	// critical path, but their figures belong to the result).
@@ -754,7 +753,7 @@ func run(in Input, prev backlog) (*Result, backlog, error) {
 			}
 		}
 	}
-	return r, bl, nil
+	return r, left, nil
 }
 
 func bucket(n int, swaps []Swap, at func(Swap) int) [][]int {

@@ -157,18 +157,8 @@ func checkRecomputes(t *testing.T, it *trace.Iteration, rep *planReport, bySeq m
 		p, i, j := bySeq[rc.Op], bySeq[rc.Drop], bySeq[rc.Before]
 		require.True(t, p <= i && i+1 < j, "%+v", rc)
 		require.Contains(t, it.Ops[p].Out, rc.Tensor, "the producer makes it: %+v", rc)
-		readBy := func(o simulate.Recompute) bool {
-			if bySeq[o.Before] != j {
-				return false
-			}
-			reads := slices.Contains(it.Ops[bySeq[o.Op]].In, rc.Tensor)
-			for _, m := range o.Remade {
-				reads = reads || slices.Contains(it.Ops[bySeq[m.Op]].In, rc.Tensor)
-			}
-			return reads
-		}
 		require.True(t, touches(&it.Ops[i], rc.Tensor), "%+v", rc)
-		require.True(t, touches(&it.Ops[j], rc.Tensor) || slices.ContainsFunc(rep.Recomputes, readBy),
+		require.True(t, touches(&it.Ops[j], rc.Tensor) || recomputeReads(it, rep, bySeq, rc.Tensor, j),
 			"neither the op nor a recompute before it needs %+v", rc)
 		for o := i + 1; o < j; o++ {
 			require.False(t, touches(&it.Ops[o], rc.Tensor), "op %d uses dropped %+v", o, rc)
