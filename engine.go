@@ -287,7 +287,13 @@ type Stats struct {
 	// holds (the allocator refused to place them, or moved pages each step
 	// for them; WithPlacement): each aims lower by the share that would
 	// have fit, down to 90% of the limit. They are not counted in Replans.
-	Tightened       int
+	Tightened int
+	// Refined counts policies planned again from the profile of an
+	// iteration they ran without forcing an eviction, having been
+	// planned on times measured under forced evictions (a sequence's
+	// first profile, with no policy in force: the evictions' copies slow
+	// the kernels they run beside). Once per sequence; each is in Replans.
+	Refined         int
 	Infeasible      int   // planning runs that found no plan under the limit
 	SwapsOut        int64 // copies to the host (planned and on demand)
 	SwapsIn         int64

@@ -366,6 +366,7 @@ func (it *Iteration) End() Result {
 		obs.foreign = p == e.expected && !p.key.same(key, e.cfg.detect.MaxMemoryDelta)
 		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps, e.grew)
 		obs.unplaced = e.unplaced()
+		obs.refine = p.disturbed && it.evictions == 0
 		r.Matched = p.matched
 	}
 	d := e.life.end(obs)
@@ -380,6 +381,9 @@ func (it *Iteration) End() Result {
 	if d.outgrown {
 		e.stats.Outgrown++
 		e.outgrown = true // its replacement is planned with headroom
+	}
+	if d.refine {
+		e.stats.Refined++
 	}
 	if d.unplaced {
 		e.tighten = true
@@ -411,6 +415,11 @@ func (it *Iteration) End() Result {
 		e.tm.planned(pol, pr)
 		if err == nil && pr.Exec != nil {
 			pol.simulated(pr.Exec)
+		}
+		if err == nil {
+			// Times measured while forced evictions shared the device
+			// with the kernels: planned again once it runs without them.
+			pol.disturbed = pr.Measured && it.evictions > 0
 		}
 		r.Plan = pr
 		e.life.planned(err == nil)

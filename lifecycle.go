@@ -24,7 +24,12 @@ import "github.com/chameleon-go/chameleon/seq"
 // the executor had to force evictions past a twentieth of the planned
 // swaps: a decode loop's KV cache a position longer every step) stays in
 // force and in the cache while the next iteration is profiled and planned
-// to replace it, again with no return to WARMUP.
+// to replace it, again with no return to WARMUP. A policy planned on
+// times measured while the executor forced evictions (the first profile
+// of a sequence, taken with no policy in force: those copies share the
+// device with the kernels and slow them) is planned again once, from the
+// profile of an iteration it ran without forcing any (refine): the times
+// its own swaps and recomputes leave the kernels.
 type lifecycle struct {
 	m          int     // iterations a sequence must be seen before it is planned
 	memDelta   float64 // two signatures are one sequence within this byte delta
@@ -42,6 +47,9 @@ type seqSeen struct {
 	count  int
 	next   int  // index of the sequence that followed it last, -1
 	failed bool // planning found no policy for it: not retried
+	// refined: its policy was planned again once from a profile under it
+	// (observation.refine).
+	refined bool
 	// runs: it has followed itself (it comes in runs of two or more).
 	runs bool
 	// lastRun is how long its last run was, after the sequence that
@@ -99,6 +107,9 @@ type observation struct {
 	// unplaced: the allocator refused to place the policy in force, its
 	// blocks needing more pages than the limit holds.
 	unplaced bool
+	// refine: the policy in force was planned on times measured under
+	// forced evictions, and this iteration ran it without forcing any.
+	refine bool
 }
 
 // decision is what the Engine does after an iteration, in field order.
@@ -111,8 +122,11 @@ type decision struct {
 	// unplaced: the policy in force could not be placed; the next
 	// iteration is profiled to replace it with a tighter one.
 	unplaced bool
-	adopt    bool // apply the cached policy for the iteration's key; the detector adopts it
-	plan     bool // plan from this iteration's profile, then report with planned
+	// refine: the next iteration is profiled to plan the policy in force
+	// again on the times it leaves the kernels (once per sequence).
+	refine bool
+	adopt  bool // apply the cached policy for the iteration's key; the detector adopts it
+	plan   bool // plan from this iteration's profile, then report with planned
 	// adoptPlanned: once planned, the detector adopts the policy (a
 	// recurring sequence: no warm-up needed).
 	adoptPlanned bool
@@ -158,6 +172,8 @@ func (l *lifecycle) end(o observation) decision {
 		case o.unplaced:
 			d.unplaced = !l.refresh
 			l.refresh = true
+		case o.refine && !cur.refined && !l.refresh:
+			cur.refined, d.refine, l.refresh = true, true, true
 		}
 	}
 	if !inForce && o.cached {

@@ -66,6 +66,12 @@ func TestLifecycleEnd(t *testing.T) {
 			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, outgrown: true, profiled: true}, want: decision{plan: true}},
 		{name: "a changed sequence is dropped, not outgrown", seen: []policyKey{keyA},
 			give: observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 4, outgrown: true}, want: decision{drop: true}},
+		{name: "planned under forced evictions, run without: profiled once more", seen: []policyKey{keyA, keyA},
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, refine: true}, want: decision{refine: true}},
+		{name: "refined while stale: the refresh under way replaces it", seen: []policyKey{keyA, keyA}, stale: true,
+			give: observation{key: keyA, policy: true, swaps: 4, matched: 4, refine: true, profiled: true}, want: decision{plan: true}},
+		{name: "a changed sequence is dropped, not refined", seen: []policyKey{keyA},
+			give: observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 4, refine: true}, want: decision{drop: true}},
 		{name: "a policy with no swaps is never stale", seen: []policyKey{keyA, keyA},
 			give: observation{key: keyA, policy: true, profiled: true}},
 		{name: "failed planning is not retried", seen: []policyKey{keyA, keyA}, fail: true,
@@ -101,6 +107,21 @@ func TestLifecycleRefresh(t *testing.T) {
 	d = l.end(observation{key: keyB, changed: true, policy: true, swaps: 4, matched: 1})
 	assert.Equal(t, decision{drop: true}, d)
 	assert.False(t, l.refresh, "a change ends the refresh: the stale policy is gone")
+}
+
+// TestLifecycleRefine: a policy planned on times measured under forced
+// evictions is planned again from the next iteration's profile, once per
+// sequence, and stays in force and in the cache meanwhile.
+func TestLifecycleRefine(t *testing.T) {
+	l := history(keyA, keyA)
+	clean := observation{key: keyA, policy: true, swaps: 4, matched: 4, refine: true}
+	assert.Equal(t, decision{refine: true}, l.end(clean))
+	assert.True(t, l.profile(true, seq.Stable, nil), "refining: profile the next iteration")
+	prof := clean
+	prof.profiled = true
+	assert.Equal(t, decision{plan: true}, l.end(prof), "planned again from that profile")
+	assert.Equal(t, decision{}, l.end(clean), "once per sequence, though the new policy too was planned under evictions")
+	assert.False(t, l.profile(true, seq.Stable, func(policyKey) bool { return true }), "refined: no more profiling")
 }
 
 func TestLifecycleProfile(t *testing.T) {

@@ -25,8 +25,11 @@ type policy struct {
 	key policyKey
 	// here: planned (or updated) by this Engine, from its own profile; one
 	// from a policy file or another rank is run as it came.
-	here  bool
-	swaps []simulate.Swap
+	here bool
+	// disturbed: planned on times measured in an iteration that forced
+	// evictions (lifecycle: refine).
+	disturbed bool
+	swaps     []simulate.Swap
 	// tensors describes, per swap, the planned activation (zero for a
 	// persistent tensor): what matching and the policy file need.
 	tensors []plannedTensor

@@ -355,3 +355,33 @@ func TestMeasuredTimesOff(t *testing.T) {
 		assert.Zero(t, g.Samples, "not sampled")
 	}
 }
+
+// TestRefineAfterEvictions: the first policy is planned on a profile taken
+// while the executor forced evictions; once it runs an iteration without
+// any, the Engine profiles the next under it and plans once more, and then
+// holds that policy. Planned on the estimator's times instead, it does not.
+func TestRefineAfterEvictions(t *testing.T) {
+	n := newClockNet(t, 8, 1<<20, 5<<20, 1e9)
+	r, _ := n.untilPlanned(t, 8)
+	require.True(t, r.Plan.Measured)
+	require.Positive(t, r.Evictions, "the first profile forced evictions")
+	r, _ = n.untilPlanned(t, 4)
+	assert.Zero(t, r.Evictions, "the refining profile ran under the first policy, with no eviction")
+	assert.True(t, r.Plan.Measured)
+	for range 6 {
+		r, _ = n.step(t)
+		assert.False(t, r.Planned, "iteration %d: refined once", r.Index)
+		assert.Zero(t, r.Evictions)
+	}
+	st := n.eng.Stats()
+	assert.Equal(t, 1, st.Refined)
+	assert.Equal(t, 2, st.Replans)
+
+	off := newClockNet(t, 8, 1<<20, 5<<20, 1e9, chameleon.WithMeasuredTimes(false))
+	off.untilPlanned(t, 8)
+	for range 6 {
+		r, _ = off.step(t)
+		assert.False(t, r.Planned, "iteration %d: estimated times are not refined", r.Index)
+	}
+	assert.Zero(t, off.eng.Stats().Refined)
+}

@@ -357,8 +357,8 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 		fmt.Fprintf(out, "  swapped per step (%s): %.3f GB out, %.3f GB in; total %.3f GB out\n",
 			what, float64(out_)/float64(n)/1e9, float64(in_)/float64(n)/1e9, float64(st.SwappedOutBytes)/1e9)
 	}
-	fmt.Fprintf(out, "  engine: %d policies planned, %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out, %d recomputes\n",
-		st.Replans, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut, st.Recomputes)
+	fmt.Fprintf(out, "  engine: %d policies planned (%d refined under a policy), %d cache hits, %d infeasible, %d forced evictions, %d on-demand swap-ins, %d swaps out, %d recomputes\n",
+		st.Replans, st.Refined, st.CacheHits, st.Infeasible, st.Evictions, st.OnDemandIn, st.SwapsOut, st.Recomputes)
 	fmt.Fprintf(out, "  device allocator: %d blocks at their planned place, %d missed it (%d plans); %d pages mapped after the start, %d host waits\n",
 		st.Placed, st.Missed, st.Placements, st.MappedPages, st.HostWaits)
 	// The counts above are the whole run's, warm-up included; a policy's
