@@ -84,6 +84,10 @@ type Report struct {
 	// their blocks needed more pages than the limit holds
 	// (Stats.Tightened).
 	Tightened int `json:"tightened"`
+	// Refined counts policies planned on times measured under forced
+	// evictions and planned again once from a profile under them
+	// (Stats.Refined, in Replans too).
+	Refined int `json:"refined"`
 	// PolicyFileError is why the policy file was not used, if it was not.
 	PolicyFileError string   `json:"policy_file_error,omitempty"`
 	Stages          []string `json:"stages"`
@@ -471,7 +475,7 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	rep.Evictions = st.Evictions
 	rep.KeptSwapOuts, rep.KeptBytes = st.KeptEvictions, st.KeptBytes
 	rep.PolicyUpdates = st.PolicyUpdates
-	rep.Outgrown, rep.Tightened = st.Outgrown, st.Tightened
+	rep.Outgrown, rep.Tightened, rep.Refined = st.Outgrown, st.Tightened, st.Refined
 	if cfg.PolicyFile != "" {
 		if err := eng.SavePolicyFile(cfg.PolicyFile); err != nil {
 			return rep, fmt.Errorf("replay: %w", err)

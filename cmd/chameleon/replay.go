@@ -228,7 +228,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout)
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
-		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d, outgrown %d, tightened for placement %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, rep.Outgrown, rep.Tightened, strings.Join(rep.Stages, " "))
+		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d, outgrown %d, tightened for placement %d, refined %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, rep.Outgrown, rep.Tightened, rep.Refined, strings.Join(rep.Stages, " "))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		head := "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tpages mapped\tplaced\tmissed\tsimulated ms\t"
 		if rep.Timing {
