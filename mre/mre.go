@@ -984,11 +984,19 @@ func (p *planner) refreshUnsat() int32 {
 }
 
 func (p *planner) cover(lo, hi int, b int64) {
-	for t := lo; t < hi; t++ {
-		if p.rem[t] > 0 && p.rem[t] <= b && t < p.dirty {
-			p.dirty = t
+	if lo >= hi {
+		return
+	}
+	r := p.rem[lo:hi]
+	// The first op the bytes satisfy, if before dirty, is dirty now.
+	for i, v := range r[:max(min(p.dirty, hi)-lo, 0)] {
+		if v > 0 && v <= b {
+			p.dirty = lo + i
+			break
 		}
-		p.rem[t] -= b
+	}
+	for i := range r {
+		r[i] -= b
 	}
 }
 

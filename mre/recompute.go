@@ -3,6 +3,7 @@ package mre
 import (
 	"cmp"
 	"container/heap"
+	"encoding/binary"
 	"errors"
 	"math"
 	"slices"
@@ -618,13 +619,14 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	// No size threshold: a recompute costs no copy, and cost per byte
 	// orders the small ones last.
 	rcs := recomputeCandidates(in.Model, curve, in.Limit, 0, in.Recomputable, in.OpTimes)
-	pol, err := hybridWith(in, curve, cfg, need, rcs)
+	memo := planMemo{}
+	pol, err := hybridWith(in, curve, cfg, need, rcs, memo)
 	// A chain that makes a freed input again saves the bytes holding it
 	// would cost, for more time; ranked by what they save, such
 	// recomputes can crowd out cheaper ones that hold. The search runs
 	// again without them, and the faster policy is kept.
 	if shallow := slices.DeleteFunc(slices.Clone(rcs), func(c rcand) bool { return c.deep }); len(shallow) < len(rcs) {
-		sp, serr := hybridWith(in, curve, cfg, need, shallow)
+		sp, serr := hybridWith(in, curve, cfg, need, shallow, memo)
 		if serr != nil && !errors.Is(serr, ErrInfeasible) {
 			return nil, serr
 		}
@@ -635,8 +637,42 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	return pol, err
 }
 
+// planMemo holds the policies planWith made for sets of recomputes, by
+// the set and the rounds: the two searches of planHybrid screen many of
+// the same sets (those with no chain to leave out), and planWith is a
+// pure function of them.
+type planMemo map[string]memoPlan
+
+type memoPlan struct {
+	pol *Policy
+	err error
+}
+
+// plan is planWith through the memo.
+func (m planMemo) plan(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error) {
+	b := make([]byte, 0, 8+len(rcs)*24)
+	b = binary.AppendUvarint(b, uint64(cfg.rounds))
+	for _, c := range rcs {
+		b = binary.AppendVarint(b, int64(c.Tensor))
+		b = binary.AppendUvarint(b, uint64(c.Drop))
+		b = binary.AppendUvarint(b, uint64(c.Before))
+		b = binary.AppendUvarint(b, uint64(len(c.Remade)))
+		for _, r := range c.Remade {
+			b = binary.AppendUvarint(b, uint64(r.Op))
+		}
+		b = binary.AppendUvarint(b, uint64(len(c.Kept)))
+	}
+	k := string(b)
+	if e, ok := m[k]; ok {
+		return e.pol, e.err
+	}
+	pol, err := planWith(in, curve, cfg, rcs)
+	m[k] = memoPlan{pol, err}
+	return pol, err
+}
+
 // hybridWith is planHybrid's search over the recompute candidates rcs.
-func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand) (*Policy, error) {
+func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand, memo planMemo) (*Policy, error) {
 	n := len(curve)
 	var base float64
 	for _, d := range in.OpTimes {
@@ -677,7 +713,7 @@ func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand) 
 	screen.rounds = 1
 	// try screens picked; extra: it is not a budget of the first ranking.
 	try := func(picked []rcand, extra bool) error {
-		pol, err := planWith(in, curve, screen, picked)
+		pol, err := memo.plan(in, curve, screen, picked)
 		if err != nil {
 			if !errors.Is(err, ErrInfeasible) {
 				return err
@@ -803,7 +839,7 @@ func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand) 
 		if base+cost >= best.pol.Sim.IterationUS {
 			continue
 		}
-		pol, err := planWith(in, curve, cfg, tr.picked)
+		pol, err := memo.plan(in, curve, cfg, tr.picked)
 		if err != nil {
 			return nil, err // the first round met the limit: so do the rest
 		}
@@ -828,14 +864,14 @@ func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand) 
 			if more == nil {
 				break
 			}
-			pol, err := planWith(in, curve, screen, more)
+			pol, err := memo.plan(in, curve, screen, more)
 			if err != nil || pol.Sim.IterationUS >= curUS {
 				break
 			}
 			cur, sim, curUS = more, pol.Sim, pol.Sim.IterationUS
 		}
 		if len(cur) != len(f.picked) {
-			if pol, err := planWith(in, curve, cfg, cur); err == nil && pol.Sim.IterationUS < f.pol.Sim.IterationUS {
+			if pol, err := memo.plan(in, curve, cfg, cur); err == nil && pol.Sim.IterationUS < f.pol.Sim.IterationUS {
 				return pol
 			}
 		}
