@@ -416,11 +416,6 @@ func (it *Iteration) End() Result {
 		if err == nil && pr.Exec != nil {
 			pol.simulated(pr.Exec)
 		}
-		if err == nil {
-			// Times measured while forced evictions shared the device
-			// with the kernels: planned again once it runs without them.
-			pol.disturbed = pr.Measured && it.evictions > 0
-		}
 		r.Plan = pr
 		e.life.planned(err == nil)
 		if err != nil {
@@ -439,6 +434,9 @@ func (it *Iteration) End() Result {
 			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
 		} else {
 			e.policy = pol
+			// Times measured while forced evictions shared the device
+			// with the kernels: planned again once it runs without them.
+			pol.disturbed = pr.Measured && it.evictions > 0
 			// A tighter plan takes the place of those replaced for
 			// placement, in the cache and any policy file.
 			for _, k := range e.superseded {

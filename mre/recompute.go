@@ -637,10 +637,11 @@ func planHybrid(in Input, curve []int64, cfg config) (*Policy, error) {
 	return pol, err
 }
 
-// planMemo holds the policies planWith made for sets of recomputes, by
-// the set and the rounds: the two searches of planHybrid screen many of
-// the same sets (those with no chain to leave out), and planWith is a
-// pure function of them.
+// planMemo holds the policies planWith made for lists of recomputes, by
+// the list and the rounds: the two searches of planHybrid screen many of
+// the same lists (those with no chain to leave out), and planWith is a
+// pure function of them. A candidate is its gap (tensor, drop, before)
+// and whether it makes its inputs again deep.
 type planMemo map[string]memoPlan
 
 type memoPlan struct {
@@ -650,17 +651,15 @@ type memoPlan struct {
 
 // plan is planWith through the memo.
 func (m planMemo) plan(in Input, curve []int64, cfg config, rcs []rcand) (*Policy, error) {
-	b := make([]byte, 0, 8+len(rcs)*24)
-	b = binary.AppendUvarint(b, uint64(cfg.rounds))
+	b := binary.AppendUvarint(make([]byte, 0, 8+len(rcs)*10), uint64(cfg.rounds))
 	for _, c := range rcs {
 		b = binary.AppendVarint(b, int64(c.Tensor))
 		b = binary.AppendUvarint(b, uint64(c.Drop))
-		b = binary.AppendUvarint(b, uint64(c.Before))
-		b = binary.AppendUvarint(b, uint64(len(c.Remade)))
-		for _, r := range c.Remade {
-			b = binary.AppendUvarint(b, uint64(r.Op))
+		gap := uint64(c.Before) << 1
+		if c.deep {
+			gap |= 1
 		}
-		b = binary.AppendUvarint(b, uint64(len(c.Kept)))
+		b = binary.AppendUvarint(b, gap)
 	}
 	k := string(b)
 	if e, ok := m[k]; ok {
