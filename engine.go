@@ -211,12 +211,18 @@ type Engine struct {
 	// first one after a change of policy, which still moves the last
 	// one's tensors.
 	placedBefore *policy
-	cache        *policyCache
-	life         lifecycle
-	closed       bool
-	it           Iteration
-	stats        Stats
-	onClose      []func() error
+	// following is the layout the allocator follows (nil: none);
+	// placedAt and missedAt the allocator's counts when it began the last
+	// iteration, offLayout the iterations in a row that missed too many.
+	following          *policyLayout
+	placedAt, missedAt int64
+	offLayout          int
+	cache              *policyCache
+	life               lifecycle
+	closed             bool
+	it                 Iteration
+	stats              Stats
+	onClose            []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
 	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
@@ -293,12 +299,15 @@ type Stats struct {
 	// planned on times measured under forced evictions (a sequence's
 	// first profile, with no policy in force: the evictions' copies slow
 	// the kernels they run beside). Once per sequence; each is in Replans.
-	Refined         int
-	Infeasible      int   // planning runs that found no plan under the limit
-	SwapsOut        int64 // copies to the host (planned and on demand)
-	SwapsIn         int64
-	OnDemandIn      int64 // copies back issued at the use, not ahead of it
-	Evictions       int64 // swap-outs forced by a failed allocation
+	Refined    int
+	Infeasible int   // planning runs that found no plan under the limit
+	SwapsOut   int64 // copies to the host (planned and on demand)
+	SwapsIn    int64
+	OnDemandIn int64 // copies back issued at the use, not ahead of it
+	Evictions  int64 // swap-outs forced by a failed allocation
+	// Relocated counts the parameters and optimizer state moved on the
+	// device (one copy each) to where a new policy's layout has them.
+	Relocated       int64
 	SwappedOutBytes int64
 	SwappedInBytes  int64
 	Recomputes      int64 // tensors dropped and made again by running their producer
@@ -495,7 +504,11 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	pin := e.serial // not evictable while the op it is made for runs
 	id := e.nextID
 	e.nextID++
-	ptr, err := e.allocate(size, e.compute)
+	var off int64 = -1
+	if e.it.active {
+		off = e.it.madeAt(e.policy, size)
+	}
+	ptr, err := e.allocate(size, e.compute, off)
 	if err != nil {
 		return nil, fmt.Errorf("chameleon: new tensor of %d bytes: %w", size, err)
 	}

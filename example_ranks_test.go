@@ -78,8 +78,8 @@ func ExampleWithRank() {
 		fmt.Println(r)
 	}
 	// Output:
-	// rank 0: STABLE, planned 1, adopted 0, swaps per step 4, intact true, pinned within its share true
-	// rank 1: STABLE, planned 0, adopted 1, swaps per step 4, intact true, pinned within its share true
-	// rank 2: STABLE, planned 0, adopted 1, swaps per step 4, intact true, pinned within its share true
-	// rank 3: STABLE, planned 0, adopted 1, swaps per step 4, intact true, pinned within its share true
+	// rank 0: STABLE, planned 1, adopted 0, swaps per step 3, intact true, pinned within its share true
+	// rank 1: STABLE, planned 0, adopted 1, swaps per step 3, intact true, pinned within its share true
+	// rank 2: STABLE, planned 0, adopted 1, swaps per step 3, intact true, pinned within its share true
+	// rank 3: STABLE, planned 0, adopted 1, swaps per step 3, intact true, pinned within its share true
 }

@@ -23,15 +23,16 @@ const (
 	dropped             // bytes nowhere: its producer runs again before its next use
 )
 
-// allocate gets device memory for stream s, swapping out idle tensors
-// (see victims) while no free block fits.
+// allocate gets device memory for stream s, at offset off of the
+// allocator's memory where the policy's layout puts it (-1: anywhere free),
+// swapping out idle tensors (see victims) while no free block fits.
 //
 // A victim the pinned pool has no buffer for (a host budget, a pool too
 // split for it) stays and the choice is made again without it.
-func (e *Engine) allocate(size int64, s device.Stream) (device.DevPtr, error) {
+func (e *Engine) allocate(size int64, s device.Stream, off int64) (device.DevPtr, error) {
 	var noHost []*Tensor
 	for {
-		ptr, err := e.alloc.Alloc(size, s)
+		ptr, err := e.alloc.AllocAt(size, s, off)
 		if err == nil {
 			return ptr, nil
 		}
@@ -212,16 +213,16 @@ func (e *Engine) evictKept(t *Tensor) error {
 // stream; compute waits for it only at t's next use. A prefetch (evict
 // false) does not push other tensors out to make room: it reports false and
 // is tried again at the next op, or at the use.
-func (e *Engine) swapIn(t *Tensor, evict bool) (bool, error) {
+func (e *Engine) swapIn(t *Tensor, evict bool, off int64) (bool, error) {
 	if t.state != swapped {
 		return true, nil
 	}
 	var ptr device.DevPtr
 	var err error
 	if evict {
-		ptr, err = e.allocate(t.size, e.h2d)
+		ptr, err = e.allocate(t.size, e.h2d, off)
 	} else {
-		ptr, err = e.alloc.Alloc(t.size, e.h2d)
+		ptr, err = e.alloc.AllocAt(t.size, e.h2d, off)
 		if errors.Is(err, device.ErrOutOfMemory) {
 			return false, nil
 		}

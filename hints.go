@@ -75,7 +75,7 @@ func (e *Engine) Prefetch(t *Tensor) error {
 	if t.state != swapped || slices.Contains(e.prefetches, t) {
 		return nil
 	}
-	ok, err := e.swapIn(t, false)
+	ok, err := e.swapIn(t, false, -1)
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func (e *Engine) retryPrefetches() error {
 		if t.released || t.state != swapped {
 			continue
 		}
-		ok, err := e.swapIn(t, false)
+		ok, err := e.swapIn(t, false, -1)
 		if err != nil {
 			// Still off the device: it comes back at its use. The rest
 			// are kept for the next try.

@@ -41,6 +41,10 @@ type Iteration struct {
 	// in keyCount the way the matcher counts live ones.
 	ord      map[trace.TensorID]uint32
 	keyCount map[uint64]uint32
+	// madeOp and madeN count the outputs the host made for op madeOp, by
+	// rounded size: which of the layout's blocks each is (madeAt).
+	madeOp int
+	madeN  map[int64]int
 }
 
 // Begin starts an iteration. The returned Iteration is reused by the
@@ -59,7 +63,7 @@ func (e *Engine) Begin() *Iteration {
 		return it
 	}
 	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
-		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount}
+		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
 	e.tm.poll(false) // a drifted sample asks for a profile
 	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
@@ -74,6 +78,9 @@ func (e *Engine) Begin() *Iteration {
 	if !e.cfg.noPlace {
 		// A policy in STABLE repeats its requests; anything else may not.
 		same := e.policy != nil && e.policy == e.placedFor && e.placedFor == e.placedBefore && e.det.Next() == seq.Stable
+		if err := e.follow(e.policy); err != nil && it.err == nil {
+			it.err = err
+		}
 		e.alloc.Repeat(same)
 		e.placedBefore, e.placedFor = e.placedFor, e.policy
 	}
@@ -114,7 +121,11 @@ func (it *Iteration) Before(op *Op) error {
 				continue
 			}
 			t.keepHost = p.keepIn[k]
-			ok, err := e.swapIn(t, false)
+			var off int64 = -1
+			if p.layout != nil {
+				off = at(p.layout.in, int(k))
+			}
+			ok, err := e.swapIn(t, false, off)
 			if err != nil {
 				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 			}

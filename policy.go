@@ -84,6 +84,9 @@ type policy struct {
 	keepIn []bool
 	// hostReserved: the host pool was sized for the policy (reserveHost).
 	hostReserved bool
+	// layout is where the plan put its blocks (nil: none that fits, or a
+	// policy from a file or another rank).
+	layout *policyLayout
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -342,7 +345,8 @@ func (e *Engine) closerFit(err error) bool {
 // by handle, activations by their match features.
 func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, ord map[trace.TensorID]uint32, key policyKey) (*policy, *plan.Result, error) {
 	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
-	opts := append(append(append(deviceDefaults(e.dev), e.cfg.planning...), e.tm.planOptions()...), plan.WithObserver(e.spans(ctx)))
+	opts := append(append(append(deviceDefaults(e.dev), e.cfg.planning...), e.tm.planOptions()...), plan.WithObserver(e.spans(ctx)),
+		plan.WithLayout(e.alloc.PageSize(), e.cfg.limit))
 	if slices.Contains(hostRecompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
 	}
@@ -371,6 +375,7 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	rtensors, mtensors := recomputeTensors(rcs, made)
 	p := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
 	p.here = true
+	p.layout = newPolicyLayout(res.Layout, len(swaps), len(rcs))
 	p.env, p.prof = e.env(), newProfiled(it, hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
 	return p, res, nil
 }

@@ -35,7 +35,11 @@ func (e *Engine) update(p *policy) (*policy, error) {
 		liveOut[id] = true
 	}
 	in := plan.Input{Iter: pr.iter, Limit: e.planLimit(), LiveOut: func(id trace.TensorID) bool { return liveOut[id] }}
-	opts := slices.Clone(e.cfg.planning)
+	// The profile is another process's (a policy file, another rank): its
+	// tensors are not this Engine's, so no layout is followed, and the
+	// allocator places what it records (Allocator.Repeat) in the room
+	// the tiers below the limit leave.
+	opts := append(slices.Clone(e.cfg.planning), plan.WithoutLayout(), plan.WithTiers(unlaidTiers...))
 	if slices.Contains(pr.recompute, true) {
 		opts = append(opts, plan.WithRecompute(recomputable(pr.recompute)))
 	}

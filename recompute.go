@@ -21,8 +21,12 @@ import (
 // by the host before them, its handle is kept, and its producer runs again
 // just before the recompute that reads it.
 type rmLive struct {
-	x     *Tensor
-	in    []*Tensor
+	x  *Tensor
+	in []*Tensor
+	// held are the inputs of in it holds until its users have run: not
+	// those made again themselves (a chain), which the plan frees when the
+	// host releases them and makes again first.
+	held  []*Tensor
 	fn    func() error
 	users int // recomputes of this iteration that still need it
 }
@@ -49,8 +53,13 @@ func (p *policy) capture(i int, op *Op) {
 		}
 		s.fn, s.users = op.Recompute, p.rmUsers[m]
 		s.in = append(s.in[:0], op.In...)
+		s.held = s.held[:0]
 		for _, t := range s.in {
+			if t.remake > 0 {
+				continue // made again too, before this one
+			}
 			t.holds++
+			s.held = append(s.held, t)
 		}
 		s.x.remake += int32(s.users)
 	}
@@ -114,7 +123,11 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 	if !r.captured() || r.ran {
 		return fmt.Errorf("chameleon: tensor %d was dropped and cannot be made again", x.id)
 	}
-	if err := it.rerun(p, "recompute", x, r.in, r.fn); err != nil {
+	var off int64 = -1
+	if p.layout != nil {
+		off = at(p.layout.rc, int(k))
+	}
+	if err := it.rerun(p, "recompute", x, r.in, r.fn, off); err != nil {
 		return err
 	}
 	// Inputs made again only for this go again (the host released them).
@@ -139,12 +152,18 @@ func (it *Iteration) remake(p *policy, m int32) error {
 	if s.fn == nil {
 		return fmt.Errorf("chameleon: tensor %d was freed and cannot be made again", x.id)
 	}
-	return it.rerun(p, "remake", x, s.in, s.fn)
+	var off int64 = -1
+	if p.layout != nil && int(m) < len(p.remade) {
+		if o, ok := p.layout.remade[remadeKey{p.remade[m].Tensor, it.op}]; ok {
+			off = o
+		}
+	}
+	return it.rerun(p, "remake", x, s.in, s.fn, off)
 }
 
 // rerun makes x again: its inputs on the device (pinned there), x
 // allocated under its handle, the producer's kernels run.
-func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn func() error) error {
+func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn func() error, off int64) error {
 	e := it.eng
 	x.pin = e.serial
 	for _, t := range in {
@@ -155,7 +174,7 @@ func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn f
 			return err
 		}
 	}
-	ptr, err := e.allocate(x.size, e.compute)
+	ptr, err := e.allocate(x.size, e.compute, off)
 	if err != nil {
 		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
 	}
@@ -189,7 +208,7 @@ func (it *Iteration) resident1(p *policy, t *Tensor) error {
 			return err
 		}
 	case t.state == swapped:
-		if _, err := e.swapIn(t, true); err != nil {
+		if _, err := e.swapIn(t, true, -1); err != nil {
 			return err
 		}
 		it.onDemand++
@@ -242,10 +261,10 @@ func (p *policy) finish(e *Engine, k int32) error {
 			}
 		}
 		if s.users == 0 {
-			for _, t := range s.in {
+			for _, t := range s.held {
 				keep(e.unhold(t))
 			}
-			s.in = s.in[:0]
+			s.in, s.held = s.in[:0], s.held[:0]
 		}
 	}
 	return err

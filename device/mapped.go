@@ -362,7 +362,7 @@ func (a *Allocator) releaseMapped() error {
 // mapped (mapping them, and unmapping cached pages to make room, if need
 // be). Called with p.mu held.
 func (p *pool) takeMapped(need int64, ready func(*block) bool) (*block, error) {
-	if p.pl.placing {
+	if p.pl.placing || p.pl.following {
 		// A block with no place of its own stays off the pages planned
 		// blocks use, where it would push one of them out of its place.
 		if i, off := p.a.pickOffPlan(need); i >= 0 {

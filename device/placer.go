@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"math"
 	"slices"
+
+	"github.com/chameleon-go/chameleon/plan/place"
 )
 
 // placer records the repetitions of a recurring request sequence and plans
@@ -30,6 +32,8 @@ type placer struct {
 	plan    []placeSpot
 	planKey map[uint64]int32
 	placing bool
+	// following: the caller's layout is the plan (Follow); no recording.
+	following bool
 	// spans are, on segments (no pages), the plan's blocks' lives by
 	// address, for a block with no place of its own to keep off those
 	// needed soonest (pickOffPlan's counterpart); widest is the largest
@@ -175,6 +179,12 @@ func (a *Allocator) Repeat(same bool) {
 		return
 	}
 	pl := &p.pl
+	if pl.following {
+		pl.totPlaced += int64(pl.placed)
+		pl.totMissed += int64(pl.missed)
+		pl.placed, pl.missed = 0, 0
+		return
+	}
 	if !pl.on {
 		pl.on = true
 		p.a.index()
@@ -489,16 +499,16 @@ func (p *pool) planPlacement() bool {
 	for _, c := range pl.carried {
 		head[c.key] = c
 	}
-	segs := make([]placed, len(p.a.segs))
+	segs := make([]place.Placed, len(p.a.segs))
 	for i, s := range p.a.segs {
-		segs[i] = placed{addr: s.addr, size: s.size}
+		segs[i] = place.Placed{Addr: s.addr, Size: s.size}
 	}
-	whole := life{n: 1, iv: [2]span{{0, end}}}
-	var fixed []placed
+	whole := place.Once(0, end)
+	var fixed []place.Placed
 	// Blocks in use that this repetition did not ask for stay where they are.
 	for _, b := range p.a.used {
 		if b.rec == 0 || b.rep != pl.rep {
-			fixed = append(fixed, placed{addr: b.addr, size: b.size, life: whole})
+			fixed = append(fixed, place.Placed{Addr: b.addr, Size: b.size, Life: whole})
 		}
 	}
 	if cap(pl.plan) < len(pl.recs) {
@@ -506,7 +516,7 @@ func (p *pool) planPlacement() bool {
 	}
 	pl.plan = pl.plan[:len(pl.recs)]
 	pl.planKey = make(map[uint64]int32, len(pl.recs))
-	var items []placeItem
+	var items []place.Item
 	var idx []int
 	for k, r := range pl.recs {
 		pl.plan[k] = placeSpot{size: r.size}
@@ -516,7 +526,7 @@ func (p *pool) planPlacement() bool {
 			if r.reuse >= 0 {
 				to = max(to, at(r.reuse))
 			}
-			items = append(items, placeItem{size: r.size, life: life{n: 1, iv: [2]span{{r.start, to}}}})
+			items = append(items, place.Item{Size: r.size, Life: place.Once(r.start, to)})
 			idx = append(idx, k)
 			pl.plan[k].inRep = true
 			continue
@@ -528,7 +538,7 @@ func (p *pool) planPlacement() bool {
 		// is now stays in use until the next repetition frees it, so in
 		// that one repetition a block planned onto it meanwhile misses
 		// its place.
-		l := life{n: 2, iv: [2]span{{r.start, end}, {0, end}}}
+		l := place.Life{N: 2, IV: [2]place.Span{{From: r.start, To: end}, {From: 0, To: end}}}
 		if c, ok := head[r.key]; ok && c.size == r.size && c.at < r.start && !r.freed {
 			// Its head ends where the next repetition frees it, or later
 			// where the schedule reuses it only then (a swap's copy out).
@@ -536,24 +546,24 @@ func (p *pool) planPlacement() bool {
 			if c.reuse >= 0 {
 				to = max(to, at(c.reuse))
 			}
-			l.iv[1] = span{0, min(to, r.start)}
-			items = append(items, placeItem{size: r.size, life: l})
+			l.IV[1] = place.Span{From: 0, To: min(to, r.start)}
+			items = append(items, place.Item{Size: r.size, Life: l})
 			idx = append(idx, k)
 			continue
 		}
 		// It outlives the next repetition's request for it: two places
 		// of its own, taken in turn.
-		items = append(items, placeItem{size: r.size, life: whole}, placeItem{size: r.size, life: whole})
+		items = append(items, place.Item{Size: r.size, Life: whole}, place.Item{Size: r.size, Life: whole})
 		idx = append(idx, k, -1-k)
 		if !r.freed {
-			fixed = append(fixed, placed{addr: r.addr, size: r.size, life: l})
+			fixed = append(fixed, place.Placed{Addr: r.addr, Size: r.size, Life: l})
 		}
 	}
 	var page int64
 	if p.mapper != nil {
 		page = p.page
 	}
-	addrs := packBlocks(segs, fixed, items, page)
+	addrs := place.Pack(segs, fixed, items, page)
 	for i, k := range idx {
 		if k < 0 {
 			pl.plan[-1-k].alt = addrs[i]
@@ -567,10 +577,10 @@ func (p *pool) planPlacement() bool {
 			if addrs[i] == 0 {
 				continue
 			}
-			for _, v := range it.life.iv[:it.life.n] {
-				pl.spans = append(pl.spans, planSpan{addr: addrs[i], end: addrs[i] + uintptr(it.size), from: v.from, to: v.to})
+			for _, v := range it.Life.IV[:it.Life.N] {
+				pl.spans = append(pl.spans, planSpan{addr: addrs[i], end: addrs[i] + uintptr(it.Size), from: v.From, to: v.To})
 			}
-			pl.widest = max(pl.widest, it.size)
+			pl.widest = max(pl.widest, it.Size)
 		}
 		slices.SortFunc(pl.spans, func(x, y planSpan) int { return cmp.Compare(x.addr, y.addr) })
 	}
@@ -592,7 +602,7 @@ func (p *pool) planPlacement() bool {
 			run run
 		}
 		var edges []edge
-		add := func(addr uintptr, size int64, l life) {
+		add := func(addr uintptr, size int64, l place.Life) {
 			for si := range p.a.segs {
 				seg := &p.a.segs[si]
 				if addr >= seg.addr && addr < seg.addr+uintptr(seg.size) {
@@ -600,19 +610,19 @@ func (p *pool) planPlacement() bool {
 					for k := lo; k < hi; k++ {
 						seg.pages.planned[k] = true
 					}
-					for _, v := range l.iv[:l.n] {
-						edges = append(edges, edge{v.from, true, run{si, lo, hi}}, edge{v.to, false, run{si, lo, hi}})
+					for _, v := range l.IV[:l.N] {
+						edges = append(edges, edge{v.From, true, run{si, lo, hi}}, edge{v.To, false, run{si, lo, hi}})
 					}
 					return
 				}
 			}
 		}
 		for _, f := range fixed {
-			add(f.addr, f.size, f.life)
+			add(f.Addr, f.Size, f.Life)
 		}
 		for i, it := range items {
 			if addrs[i] != 0 {
-				add(addrs[i], it.size, it.life)
+				add(addrs[i], it.Size, it.Life)
 			}
 		}
 		pages := 0

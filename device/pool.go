@@ -213,7 +213,11 @@ func (p *pool) destroyEvents() error {
 // get takes a block of at least size bytes and makes s wait for its pending
 // events. A segment is added when nothing fits and growth is enabled.
 // Called with p.mu held.
-func (p *pool) get(size int64, s Stream) (*block, error) {
+func (p *pool) get(size int64, s Stream) (*block, error) { return p.getAt(size, s, 0, false) }
+
+// getAt is get at address at when that range is free (0: anywhere); strict,
+// there or not at all.
+func (p *pool) getAt(size int64, s Stream, at uintptr, strict bool) (*block, error) {
 	what := p.what
 	if p.closed {
 		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrClosed)
@@ -224,7 +228,12 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 	need := p.a.roundUp(size)
 	ready := func(b *block) bool { return p.readyFor(b, s, need) }
 	var b *block
-	if addr, alt := p.pl.spot(need); addr != 0 {
+	if at != 0 {
+		var err error
+		if b, err = p.takeOffset(at, need, strict); err != nil {
+			return nil, err
+		}
+	} else if addr, alt := p.pl.spot(need); addr != 0 {
 		var err error
 		if b, err = p.takePlanned(addr, need); err == nil && b == nil && alt != 0 {
 			b, err = p.takePlanned(alt, need)
@@ -236,6 +245,12 @@ func (p *pool) get(size int64, s Stream) (*block, error) {
 			p.pl.placed++
 		} else {
 			p.pl.missed++
+		}
+	}
+	if b == nil && at != 0 && p.pl.following {
+		var err error
+		if b, err = p.takeAside(need); err != nil {
+			return nil, fmt.Errorf("%s: alloc %d bytes off the layout: %w", what, size, err)
 		}
 	}
 	switch {
@@ -550,3 +565,15 @@ func (h *HostPool) Stats() Stats { return h.p.stats() }
 // the pool: unlike cudaFree, freeing pinned memory under a running copy is
 // not safe on every backend.
 func (h *HostPool) Close() error { return h.p.close() }
+
+// PageSize is the size of the pages the allocator maps (ReserveMapped), 0
+// when it serves segments of memory: the unit a layout of its blocks
+// counts in (plan.WithLayout).
+func (a *Allocator) PageSize() int64 {
+	a.p.mu.Lock()
+	defer a.p.mu.Unlock()
+	if a.p.mapper == nil {
+		return 0
+	}
+	return a.p.page
+}

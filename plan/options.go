@@ -23,10 +23,13 @@ func (f optionFunc) apply(c *config) { f(c) }
 const DefaultGroups = 32
 
 // DefaultTiers are the shares of the limit, in percent, planned for in
-// turn: a plan that fills the limit to the byte leaves the allocator no
-// room for the transients between the curve's points, so 90% is tried
-// first, then 95%, then the limit itself.
-var DefaultTiers = []int{90, 95, 100}
+// turn: the limit alone. The room a plan leaves its allocator comes from
+// its layout (WithLayout), which measures it, not from a fixed share.
+var DefaultTiers = []int{100}
+
+// layoutTries bounds how often Make plans again, lower, for a layout that
+// needs more memory than the limit.
+const layoutTries = 6
 
 type config struct {
 	grouper   Grouper
@@ -39,8 +42,13 @@ type config struct {
 	recorded  bool
 	observer  Observer
 	recompute func(it *trace.Iteration) []bool
-	hostLimit int64     // WithHostLimit; 0: none
-	measured  []float64 // per op, µs (WithMeasured)
+	hostLimit int64 // WithHostLimit; 0: none
+	// WithLayout: the page memory is mapped in (0: one range; -1: the
+	// CUDA page for the budget, device.PageFor) and the bytes the layout
+	// must fit (0: the limit); noLayout turns it off.
+	page, budget int64
+	noLayout     bool
+	measured     []float64 // per op, µs (WithMeasured)
 }
 
 func (c config) observe(s Stage) func(*Result, error) {
@@ -58,6 +66,7 @@ func newConfig(opts []Option) (config, error) {
 		sim:       SimulatorFunc(simulate.Run),
 		link:      simulate.H200(),
 		tiers:     DefaultTiers,
+		page:      -1,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -73,6 +82,9 @@ func (c config) validate() error {
 	}
 	if c.hostLimit < 0 {
 		return fmt.Errorf("plan: host limit %d bytes: negative", c.hostLimit)
+	}
+	if c.page < -1 || (c.page > 0 && c.page&(c.page-1) != 0) || c.budget < 0 {
+		return fmt.Errorf("plan: layout in pages of %d bytes, budget %d: want a power of two (0: no pages) and a budget of 0 or more", c.page, c.budget)
 	}
 	if len(c.tiers) == 0 {
 		return errors.New("plan: no limit tiers")
@@ -144,8 +156,22 @@ func WithPlanOptions(opts ...mre.Option) Option {
 	return optionFunc(func(c *config) { c.planOpts = append(c.planOpts, opts...) })
 }
 
+// WithLayout sets what Make lays the plan's blocks out in (Layout): memory
+// mapped page bytes at a time (0: one range of memory, no pages), budget
+// bytes of it (0: the limit). The default is the page CUDA maps for a
+// budget of the limit (device.PageFor: 2 to 16 MiB) and the limit: the
+// H200's, as the link's default is. The Engine sets its allocator's.
+func WithLayout(page, budget int64) Option {
+	return optionFunc(func(c *config) { c.page, c.budget, c.noLayout = page, budget, false })
+}
+
+// WithoutLayout plans for the byte count alone: the plan's blocks are not
+// laid out, and nothing says they fit the limit as blocks.
+func WithoutLayout() Option { return optionFunc(func(c *config) { c.noLayout = true }) }
+
 // WithTiers sets the shares of the limit, in percent and increasing,
-// planned for in turn (default DefaultTiers: 90, 95, 100). WithTiers(100)
+// planned for in turn (default DefaultTiers: the limit alone), each then
+// laid out (WithLayout). Lower tiers are an escape hatch: WithTiers(100)
 // plans for the limit alone.
 func WithTiers(pcts ...int) Option { return optionFunc(func(c *config) { c.tiers = pcts }) }
 

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/mre"
@@ -120,6 +121,11 @@ type Result struct {
 	// that way: the timeline the executor is expected to run.
 	Issue *simulate.IssuePlan
 	Exec  *simulate.Result
+	// Layout is where the plan's blocks go in device memory (nil with
+	// WithoutLayout), and Tries how often Make planned again, lower, for a
+	// layout that fits; Layout.Fits says whether one did.
+	Layout *Layout
+	Tries  int
 }
 
 // Recomputes is the policy's recomputes (none when it is nil).
@@ -174,40 +180,133 @@ func Make(in Input, opts ...Option) (*Result, error) {
 		// Nothing to move: headroom below the limit would only cost swaps.
 		tiers = []int{100}
 	}
+	planAt := func(limit int64) (*mre.Policy, error) {
+		pol, err := cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
+			Recomputable: recomputable}, popts...)
+		if err == nil && pol != nil {
+			err = checkHost(in.Iter, pol.Swaps, cfg.hostLimit)
+		}
+		if err == nil && (pol == nil || pol.Sim == nil) {
+			err = errors.New("plan: the planner returned no simulated policy")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("plan: limit %d bytes: %w", limit, err)
+		}
+		return pol, nil
+	}
 	for _, pct := range tiers {
 		limit := in.Limit/100*int64(pct) + in.Limit%100*int64(pct)/100 // in.Limit*pct/100 without overflow
-		r.Policy, err = cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
-			Recomputable: recomputable}, popts...)
-		if err == nil && r.Policy != nil {
-			err = checkHost(in.Iter, r.Policy.Swaps, cfg.hostLimit)
-		}
+		r.Policy, err = planAt(limit)
 		if err == nil {
 			r.Planned = limit
 			break
 		}
-		err = fmt.Errorf("plan: limit %d bytes: %w", limit, err)
 		if !errors.Is(err, mre.ErrInfeasible) {
 			break
 		}
 	}
-	if err == nil && (r.Policy == nil || r.Policy.Sim == nil) {
-		err = errors.New("plan: the planner returned no simulated policy")
-	}
 	if err != nil {
 		r.Policy, r.Planned = nil, 0
-		done(r, err)
-		return r, err
 	}
-	done(r, nil)
-	done = cfg.observe(StageSimulate)
+	done(r, err)
+	if err == nil {
+		err = r.simulate(cfg, true)
+	}
+	if err == nil && !cfg.noLayout {
+		err = r.fit(cfg, in.Limit, planAt)
+	}
+	if err != nil {
+		r.Policy, r.Planned, r.Issue, r.Exec = nil, 0, nil, nil
+	}
+	return r, err
+}
+
+// simulate runs r's policy as the executor issues it (r.Issue, r.Exec);
+// observed, as StageSimulate.
+func (r *Result) simulate(cfg config, observed bool) error {
+	done := func(*Result, error) {}
+	if observed {
+		done = cfg.observe(StageSimulate)
+	}
 	r.Issue = simulate.Issue(r.Policy.Swaps, r.Policy.Sim)
+	var err error
 	r.Exec, err = cfg.sim.Simulate(simulate.Input{OpTimes: r.OpTimes, Curve: r.Curve, Swaps: r.Policy.Swaps,
 		Recomputes: r.Policy.Recomputes, Link: cfg.link, Issue: r.Issue})
 	if err != nil {
 		err = fmt.Errorf("plan: simulate the executor's order: %w", err)
 	}
 	done(r, err)
-	return r, err
+	return err
+}
+
+// fit lays r's plan out (Layout) and, while its blocks need more memory
+// than the budget, plans again for a lower limit: first lower by what the
+// blocks need over the budget (at least a two-hundredth of it), then, once
+// one limit fits and a higher one does not, halfway between them, until
+// they are a two-hundredth of the budget apart or layoutTries plans have
+// been made. A limit the planner cannot meet counts as one that does not
+// fit from below. It keeps the plan at the highest limit that fits or, when
+// none does, the one that needs the least over the budget, which the
+// executor still runs, with what does not fit served by its allocator's
+// best fit.
+func (r *Result) fit(cfg config, limit int64, planAt func(int64) (*mre.Policy, error)) error {
+	budget := cfg.budget
+	if budget == 0 {
+		budget = limit
+	}
+	page := cfg.page
+	if page < 0 {
+		page = device.PageFor(budget, 2<<20, 16<<20) // CUDA's granule to its largest page (device/cuda)
+	}
+	done := cfg.observe(StageLayout)
+	r.Layout = LayOut(r, page, budget)
+	best := *r
+	step := budget / 200
+	hi, lo, floor := r.Planned, int64(-1), budget/4 // hi does not fit, lo does, floor cannot be met
+	for try := 1; try < layoutTries && !best.Layout.Fits() || lo >= 0 && hi-lo > step && try < layoutTries; try++ {
+		next := hi - max(r.Layout.Over(), step)
+		if lo >= 0 {
+			next = lo + (hi-lo)/2
+		}
+		if next <= floor {
+			next = floor + (hi-floor)/2
+		}
+		if hi-next < step/2 {
+			break
+		}
+		pol, err := planAt(next)
+		if errors.Is(err, mre.ErrInfeasible) {
+			floor = next
+			continue
+		}
+		if err != nil {
+			done(r, err)
+			return err
+		}
+		r.Policy, r.Planned, r.Tries = pol, next, try
+		if err := r.simulate(cfg, false); err != nil {
+			done(r, err)
+			return err
+		}
+		r.Layout = LayOut(r, page, budget)
+		switch {
+		case r.Layout.Fits():
+			lo = next
+			best = *r
+		case best.Layout.Fits():
+			hi = next
+		default:
+			hi = next
+			if r.Layout.Over() < best.Layout.Over() {
+				best = *r
+			}
+		}
+	}
+	tries := r.Tries
+	*r = best
+	r.Tries = tries
+	done(r, nil)
+	return nil
 }
 
 // Stage names a step of Make for an Observer.
@@ -222,6 +321,9 @@ const (
 	StagePlan Stage = "plan"
 	// StageSimulate runs the policy as the executor issues it.
 	StageSimulate Stage = "simulate"
+	// StageLayout lays the plan's blocks out in device memory, and plans
+	// again lower while they do not fit.
+	StageLayout Stage = "layout"
 )
 
 // Observer is told when each stage of Make starts; the function it returns

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
@@ -40,32 +41,45 @@ func TestMakeIsPure(t *testing.T) {
 	assert.Same(t, in.Iter, b.Model.Iter, "the model is of the iteration given")
 }
 
-func TestMakeTiers(t *testing.T) {
+// TestMakeLayout: by default Make plans for the limit alone and lays the
+// plan's blocks out in pages of the CUDA size for the limit; the layout
+// fits the limit, the plan's curve stays under it, and a tighter plan was
+// made only where the first one's blocks did not fit. Lower tiers remain
+// as an escape hatch.
+func TestMakeLayout(t *testing.T) {
 	in, peak := small(t)
 	in.Limit = peak * 85 / 100
 	def, err := plan.Make(in)
 	require.NoError(t, err)
-	// The first tier that can be met: 90% of the limit.
-	assert.Equal(t, in.Limit*90/100, def.Planned)
+	require.NotNil(t, def.Layout)
+	assert.True(t, def.Layout.Fits(), "need %d of %d", def.Layout.Need(), in.Limit)
+	assert.LessOrEqual(t, def.Planned, in.Limit)
 	assert.LessOrEqual(t, def.Exec.Peak, def.Planned)
-	alone, err := plan.Make(in, plan.WithTiers(100))
+	assert.Equal(t, device.PageFor(in.Limit, 2<<20, 16<<20), def.Layout.Page)
+	assert.GreaterOrEqual(t, def.Layout.Live, def.Exec.Peak, "the blocks hold what the simulated curve holds")
+	assert.LessOrEqual(t, def.Layout.Live, def.Exec.Peak+4*max(def.Layout.Page, in.Limit>>10), "and a few small values kept into the next step")
+
+	bytes, err := plan.Make(in, plan.WithoutLayout())
 	require.NoError(t, err)
-	assert.Equal(t, in.Limit, alone.Planned)
-	assert.LessOrEqual(t, alone.Exec.Peak, in.Limit)
-	var defB, aloneB int64
-	for _, s := range def.Swaps() {
-		defB += s.Bytes
+	assert.Nil(t, bytes.Layout)
+	assert.Equal(t, in.Limit, bytes.Planned, "without a layout, the limit alone")
+	if def.Tries == 0 {
+		assert.Equal(t, bytes.Swaps(), def.Swaps(), "a plan whose blocks fit is the plan")
+	} else {
+		assert.Less(t, def.Planned, in.Limit)
+		lay := plan.LayOut(bytes, def.Layout.Page, in.Limit)
+		assert.False(t, lay.Fits(), "planned again though the first plan's blocks fit")
 	}
-	for _, s := range alone.Swaps() {
-		aloneB += s.Bytes
-	}
-	assert.Greater(t, defB, aloneB, "a deeper cut moves more bytes")
+
+	tiers, err := plan.Make(in, plan.WithTiers(90, 95, 100))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, tiers.Planned, in.Limit*90/100, "the first tier that can be met, or lower for its layout")
 
 	// A limit only the last tier meets.
 	in.Limit = peak * 75 / 100
 	_, err90 := plan.Make(in, plan.WithTiers(90))
 	require.ErrorIs(t, err90, mre.ErrInfeasible)
-	r, err := plan.Make(in)
+	r, err := plan.Make(in, plan.WithTiers(90, 95, 100))
 	if err == nil {
 		assert.Greater(t, r.Planned, in.Limit*90/100)
 	}
@@ -108,10 +122,10 @@ func TestMakeStagesAndObserver(t *testing.T) {
 			return func(r *plan.Result, err error) { assert.NoError(t, err) }
 		}))
 	require.NoError(t, err)
-	assert.Equal(t, []plan.Stage{plan.StageGroup, plan.StagePlan, plan.StageSimulate}, seen)
+	assert.Equal(t, []plan.Stage{plan.StageGroup, plan.StagePlan, plan.StageSimulate, plan.StageLayout}, seen)
 	assert.Equal(t, 1, calls.group)
 	assert.Len(t, r.Groups, len(layer.Uniform(in.Iter.Ops, 8)))
-	assert.Equal(t, 1, calls.plan, "the first tier is met")
+	assert.Equal(t, 1+r.Tries, calls.plan, "the limit, then once per layout that did not fit")
 	assert.Greater(t, calls.sim, 1, "the planner's rounds and the final check run on the simulator given")
 }
 

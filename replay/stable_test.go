@@ -166,12 +166,12 @@ func TestLoRAFrozenWeightsLeaveWithNoCopy(t *testing.T) {
 	assert.Positive(t, stable)
 }
 
-// TestPlacementSettlesOnARecurringStep: llama16-bf16 at 80% of its peak.
-// Once a policy runs, best fit moves pages every few iterations; the
-// allocator then packs the step's blocks from a recording of it, and from
-// then on serves nearly every block at its planned place and moves at most
-// a few pages a step (the plan may need a few more than the budget),
-// with no forced eviction, no on-demand swap-in and every byte verified.
+// TestPlacementSettlesOnARecurringStep: llama16-bf16 at 80% of its peak,
+// swaps alone. The policy's layout (plan.Layout) is served from its first
+// iteration: nearly every block at its planned place, the few the trace's
+// iterations keep longer than the profiled one (its six iterations differ
+// in what they keep past their ends) off the layout's pages, with no forced
+// eviction, no on-demand swap-in and every byte verified.
 func TestPlacementSettlesOnARecurringStep(t *testing.T) {
 	const scale = 1024
 	rep := replayAt(t, "llama16-bf16.jsonl.gz", 0.8, scale)
@@ -183,11 +183,11 @@ func TestPlacementSettlesOnARecurringStep(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, len(stable), 6)
 	budget := rep.LimitBytes / replay.PageAtScale(rep.LimitBytes, scale)
-	for _, x := range stable[len(stable)-3:] {
+	for _, x := range stable {
 		t.Logf("round %d iteration %d: placed %d, missed %d, pages mapped %d of a budget of %d", x.Round, x.Iter, x.Placed, x.Missed, x.MappedPages, budget)
 		assert.Positive(t, x.Placed)
-		assert.LessOrEqual(t, x.Missed*100, x.Placed, "at most one block in a hundred misses its place")
-		assert.LessOrEqual(t, x.MappedPages*16, budget, "a few pages move a step")
+		assert.LessOrEqual(t, x.Missed*40, x.Placed, "at most one block in forty misses its place")
+		assert.LessOrEqual(t, x.MappedPages*4, budget, "a few pages move a step")
 		assert.Zero(t, x.Evictions)
 		assert.Zero(t, x.OnDemandSwapIns)
 	}
@@ -218,16 +218,16 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 	assert.Positive(t, len(rep.PerIteration))
 }
 
-// TestPlacementAsksForATighterPlan: llama16-bf16 with recomputes at 45% of
+// TestLayoutPlacesTheFirstPolicy: llama16-bf16 with recomputes at 45% of
 // its peak (kernel times, tensors at 1/1024 of their size on the H200's
-// link, whose copies then hold memory only briefly; five rounds; not timed: a timed replay's host waits made placement's outcome
-// vary on a loaded machine): the first policy's blocks need more pages
-// than the limit holds, so the allocator cannot place them and best fit
-// moves hundreds of pages every step. The Engine plans again a little
-// below the limit, and the last steps run at their planned places, moving
-// a quarter of the pages at most and waiting on the host no more than
-// half as often, for no more than 5% more simulated time.
-func TestPlacementAsksForATighterPlan(t *testing.T) {
+// link, whose copies then hold memory only briefly; five rounds; not
+// timed). The policy's blocks are laid out when it is planned, below the
+// limit by what the packing needs, so the first policy is placed from its
+// first STABLE iteration: no tighter plan, no forced eviction, no on-demand
+// swap-in, nearly every block at its place. (Before the layout was part of
+// the plan, the first policy needed more pages than the limit held, best
+// fit moved hundreds of pages a step and a second, tighter plan followed.)
+func TestLayoutPlacesTheFirstPolicy(t *testing.T) {
 	tr, kt, path := publicWithKernels(t, "llama16-bf16")
 	const scale = 1024
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.45)
@@ -251,22 +251,13 @@ func TestPlacementAsksForATighterPlan(t *testing.T) {
 	for _, x := range stable {
 		t.Logf("round %d iteration %d: placed %d, missed %d, pages mapped %d, host waits %d, simulated %.2f ms", x.Round, x.Iter, x.Placed, x.Missed, x.MappedPages, x.HostWaits, x.SimulatedMS)
 	}
-	t.Logf("tightened %d, replans %d; STABLE simulated %.2f -> %.2f ms", rep.Stats.Tightened, rep.Replans, stable[0].SimulatedMS, stable[len(stable)-1].SimulatedMS)
-	assert.Positive(t, rep.Stats.Tightened, "the first policy could not be placed")
-	first := stable[0]
-	assert.Zero(t, first.Placed)
-	require.Greater(t, first.MappedPages, int64(100))
-	var waitsBefore, waitsAfter int64
-	for _, x := range stable[:3] {
-		waitsBefore += x.HostWaits
-	}
-	for _, x := range stable[len(stable)-3:] {
-		waitsAfter += x.HostWaits
-		assert.Greater(t, x.Placed, 10*x.Missed, "round %d iteration %d", x.Round, x.Iter)
-		assert.LessOrEqual(t, x.MappedPages, first.MappedPages/4, "round %d iteration %d", x.Round, x.Iter)
+	t.Logf("tightened %d, replans %d, relocated %d; STABLE simulated %.2f -> %.2f ms", rep.Stats.Tightened, rep.Replans, rep.Stats.Relocated, stable[0].SimulatedMS, stable[len(stable)-1].SimulatedMS)
+	assert.Zero(t, rep.Stats.Tightened, "the first policy is placed")
+	assert.Equal(t, 1, rep.Replans, "one plan")
+	for _, x := range stable {
+		assert.Greater(t, x.Placed, 20*x.Missed, "round %d iteration %d", x.Round, x.Iter)
 		assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
 		assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
 	}
-	assert.LessOrEqual(t, 2*waitsAfter, waitsBefore, "host waits in the last three STABLE iterations against the first three")
 	assert.LessOrEqual(t, stable[len(stable)-1].SimulatedMS, 1.05*stable[0].SimulatedMS)
 }

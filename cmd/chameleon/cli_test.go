@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var allCommands = []string{"detect", "plan", "profile", "replay"}
+var allCommands = []string{"detect", "matrix", "plan", "profile", "replay"}
 
 func TestEveryCommandIsRegistered(t *testing.T) {
 	for _, c := range allCommands {
@@ -39,7 +39,11 @@ func TestHelpAndBadFlags(t *testing.T) {
 		assert.Empty(t, out.String())
 
 		errb.Reset()
-		assert.Equal(t, 2, runMain([]string{c, "--trace", bundled, "extra"}, &out, &errb), c)
+		args := []string{c, "--trace", bundled, "extra"}
+		if c == "matrix" {
+			args = []string{c, "--traces", "testdata", "extra"} // the traces it replays are its own
+		}
+		assert.Equal(t, 2, runMain(args, &out, &errb), c)
 		assert.Contains(t, errb.String(), `unexpected argument "extra"`, c)
 	}
 	var out, errb bytes.Buffer
@@ -71,6 +75,7 @@ func TestFlagsCheckedBeforeWork(t *testing.T) {
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--plot", "mem.jpg"}, `unknown extension ".jpg"`},
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--plot", "mem"}, "no extension"},
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--tiers", "x"}, "--tiers"},
+		{[]string{"plan", "--trace", missing, "--limit", "80%", "--page", "3MiB"}, "--page"},
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--grouping", "x"}, "--grouping"},
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--bandwidth", "-1GB/s"}, "--bandwidth"},
 		{[]string{"detect", "--trace", missing, "--rounds", "0"}, "--rounds 0"},
@@ -172,7 +177,7 @@ func TestJSONFieldsDocumented(t *testing.T) {
 	for _, f := range []string{"schema", "command", "trace"} {
 		assert.Contains(t, common, "`"+f+"`", "docs/json.md: the common field %s", f)
 	}
-	for c, v := range map[string]any{"detect": detectReport{}, "profile": profileReport{}, "plan": planReport{}, "replay": replayJSON{}} {
+	for c, v := range map[string]any{"detect": detectReport{}, "profile": profileReport{}, "plan": planReport{}, "replay": replayJSON{}, "matrix": matrixReport{}} {
 		section, ok := docSection(text, "## "+c)
 		require.True(t, ok, "docs/json.md has no section for %s", c)
 		for _, f := range jsonFields(reflect.TypeOf(v), nil) {

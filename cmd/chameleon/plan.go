@@ -53,6 +53,8 @@ type planConfig struct {
 	curve     string       // recorded or model
 	tiers     []int        // percent of the limit; nil: the planning path's
 	recompute bool         // drop and recompute what mre.Recomputable allows
+	noLayout  bool         // plan for the byte count alone (--layout=false)
+	page      int64        // the layout's page (--page); 0: CUDA's for the limit
 	grouper   plan.Grouper // --boundaries; nil: grouping and groups
 	timeBase  string       // where the op times come from (layer.Base*)
 }
@@ -90,6 +92,11 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 	if cfg.recompute {
 		opts = append(opts, plan.WithRecompute(mre.Recomputable))
 	}
+	if cfg.noLayout {
+		opts = append(opts, plan.WithoutLayout())
+	} else if cfg.page > 0 {
+		opts = append(opts, plan.WithLayout(cfg.page, 0))
+	}
 	if cfg.bandwidth > 0 {
 		opts = append(opts, plan.WithLink(simulate.H200().Scaled(cfg.bandwidth)))
 	}
@@ -103,6 +110,17 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 	return append(opts, plan.WithPlanOptions(mo...)), nil
 }
 
+// layoutReport is plan.Layout in the --json output.
+type layoutReport struct {
+	PageBytes    int64 `json:"page_bytes"`
+	NeedBytes    int64 `json:"need_bytes"`
+	TouchedPages int64 `json:"touched_pages"`
+	MostPages    int64 `json:"most_pages"`
+	Blocks       int   `json:"blocks"`
+	Fits         bool  `json:"fits"`
+	Replans      int   `json:"replans"`
+}
+
 // planReport is the --json output: one object.
 type planReport struct {
 	Schema     int    `json:"schema"`
@@ -111,11 +129,13 @@ type planReport struct {
 	Iter       int    `json:"iter"`
 	Ops        int    `json:"ops"`
 	LimitBytes int64  `json:"limit_bytes"`
-	// PlannedBytes is the limit tier the plan meets (90%, 95% or 100% of
-	// the limit, the lowest that can be met): what the Engine plans for.
-	PlannedBytes int64  `json:"planned_limit_bytes"`
-	Groups       int    `json:"groups"`
-	GroupsNote   string `json:"groups_note"`
+	// PlannedBytes is what the plan was made for: the limit, or lower where
+	// the plan's blocks, laid out in device memory, did not fit it (Layout).
+	PlannedBytes int64 `json:"planned_limit_bytes"`
+	// Layout is where the plan's blocks go (absent with --layout=false).
+	Layout     *layoutReport `json:"layout,omitempty"`
+	Groups     int           `json:"groups"`
+	GroupsNote string        `json:"groups_note"`
 	// TimeBase is where the op times come from: "kernels" (--kernels, or
 	// the Kineto kernels of an Execution Trace), "recorded" (the trace's
 	// per-op durations, --estimator recorded) or "estimated".
@@ -190,9 +210,11 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	minBytes := fs.String("min-bytes", "1MiB", "smallest candidate tensor")
 	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use (0 or more)")
 	margin := fs.Float64("margin", 0, "safety margin on copy times (0.15 for Ascend-like devices)")
-	recompute := fs.Bool("recompute", false, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps")
+	recompute := fs.Bool("recompute", true, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps; --recompute=false plans swaps alone")
+	layout := fs.Bool("layout", true, "lay the plan's blocks out in device memory and plan lower until they fit, as the Engine does; --layout=false plans for the byte count alone")
+	page := fs.String("page", "", "the page the layout counts in, a power of two with a unit (2MiB); default CUDA's for the limit, 2 to 16 MiB")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*); replaces --grouping and --groups")
-	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 90,95,100; 100 plans for the limit alone)")
+	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 100, the limit alone, lowered by the layout as needed); an escape hatch")
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); an infeasible limit prints feasible:false with the shortfall and exits 0")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png)")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
@@ -201,7 +223,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg, err := planFlags{trace: tf, iter: *iter, limit: *limit, bandwidth: *bw, estimator: *est, groups: *groups, grouping: *grouping,
 		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath,
-		boundaries: *bounds}.check()
+		boundaries: *bounds, noLayout: !*layout, page: *page}.check()
 	if err != nil {
 		return err
 	}
@@ -383,6 +405,10 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.policy, rep.sim = pol, res.Exec
 	rep.Feasible = true
 	rep.PlannedBytes = res.Planned
+	if l := res.Layout; l != nil {
+		rep.Layout = &layoutReport{PageBytes: l.Page, NeedBytes: l.Need(), TouchedPages: l.Touched, MostPages: l.Most,
+			Blocks: len(l.Blocks), Fits: l.Fits(), Replans: res.Tries}
+	}
 	rep.OverheadPctBoundPlanned = mre.LowerBoundKept(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
 	rep.StreamingBoundMSPlanned = mre.StreamingBound(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D, kept) / 1000
 	rep.PeakBytesAfter = pol.Sim.Peak
@@ -425,6 +451,14 @@ func printPlan(w io.Writer, r *planReport) {
 		return
 	}
 	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)\n", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
+	if l := r.Layout; l != nil {
+		fits := "fits"
+		if !l.Fits {
+			fits = "does not fit: the allocator serves what is over by best fit"
+		}
+		fmt.Fprintf(w, "layout: %d blocks in %d pages of %d KiB (%d in use at most), %s of %s, %s; planned %d more times for it\n",
+			l.Blocks, l.TouchedPages, l.PageBytes>>10, l.MostPages, fmtBytes(l.NeedBytes), fmtBytes(r.LimitBytes), fits, l.Replans)
+	}
 	fmt.Fprintf(w, "peak after %s, %d swaps, %s copied out, %s released without a copy, %s in\n", fmtBytes(r.PeakBytesAfter), len(r.Swaps),
 		fmtBytes(r.BytesOut), fmtBytes(r.BytesReleased), fmtBytes(r.BytesIn))
 	fmt.Fprintf(w, "iteration %.2f ms -> %.2f ms simulated: overhead %.2f%% (bound %.2f%% at the limit, %.2f%% at the planned tier)\n",

@@ -16,10 +16,10 @@ type planFlags struct {
 	trace                                 traceFlags
 	iter, groups, prefetch                int
 	limit, bandwidth, estimator, grouping string
-	curve, minBytes, tiers, plot          string
+	curve, minBytes, tiers, plot, page    string
 	boundaries                            string
 	margin                                float64
-	recompute                             bool
+	recompute, noLayout                   bool
 }
 
 func (f planFlags) check() (planConfig, error) {
@@ -50,6 +50,12 @@ func (f planFlags) check() (planConfig, error) {
 	if err != nil {
 		return planConfig{}, usagef("--min-bytes: %v", err)
 	}
+	var page int64
+	if strings.TrimSpace(f.page) != "" {
+		if page, err = chameleon.ParseBytes(f.page); err != nil || page <= 0 || page&(page-1) != 0 {
+			return planConfig{}, usagef("--page %q: want a power of two with a unit (2MiB)", f.page)
+		}
+	}
 	var tierList []int
 	if strings.TrimSpace(f.tiers) != "" {
 		if tierList, err = chameleon.ParseTiers(f.tiers); err != nil {
@@ -62,7 +68,7 @@ func (f planFlags) check() (planConfig, error) {
 		}
 	}
 	cfg := planConfig{iter: f.iter, limit: f.limit, bandwidth: rate, estimator: e, groups: f.groups, grouping: f.grouping,
-		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute,
+		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute, noLayout: f.noLayout, page: page,
 		timeBase: lo.Ternary(f.estimator == "recorded", layer.BaseRecorded, layer.BaseEstimated)}
 	if f.boundaries != "" {
 		if cfg.grouper, err = plan.ParseBoundaries(f.boundaries); err != nil {

@@ -22,8 +22,9 @@ import (
 // TestEnginePlanIsCommandPlan: the Engine and the plan command share one
 // planning path. The iteration the Engine profiled while replaying the
 // bundled trace, planned by the command at the Engine's limit with the
-// Engine's curve (the memory model's), gives the Engine's swaps, one for
-// one, and the same simulated time.
+// Engine's curve (the memory model's) and its allocator's page, gives the
+// Engine's swaps, one for one, the same limit it planned for (lowered for
+// its layout) and the same simulated time.
 func TestEnginePlanIsCommandPlan(t *testing.T) {
 	cases := []struct {
 		path  string
@@ -78,14 +79,12 @@ func TestEnginePlanIsCommandPlan(t *testing.T) {
 			// the tensors the host still held at its end.
 			in := plan.Input{Iter: eng.Model.Iter, LiveOut: func(id trace.TensorID) bool { return eng.Model.Lifetime(id).LiveOut }}
 			cli, err := planIteration("engine-profile", 0, in, planConfig{limit: fmt.Sprintf("%dB", limit), curve: "model",
-				minBytes: mre.DefaultMinBytes, prefetch: mre.DefaultPrefetchLayers, tiers: c.tiers})
+				minBytes: mre.DefaultMinBytes, prefetch: mre.DefaultPrefetchLayers, tiers: c.tiers, page: eng.Layout.Page})
 			require.NoError(t, err)
-			assert.Equal(t, eng.Planned, cli.PlannedBytes, "the same limit tier")
-			if c.tiers != nil {
-				assert.Equal(t, eng.Limit, eng.Planned, "planned for the limit alone")
-			} else {
-				assert.Less(t, eng.Planned, eng.Limit, "planned for a tier under the limit")
-			}
+			assert.Equal(t, eng.Planned, cli.PlannedBytes, "the same limit")
+			assert.LessOrEqual(t, eng.Planned, eng.Limit)
+			require.NotNil(t, cli.Layout)
+			assert.Equal(t, eng.Layout.Fits(), cli.Layout.Fits)
 			assert.Equal(t, eng.Swaps(), cli.policy.Swaps, "the same swaps")
 			assert.Equal(t, eng.Exec.IterationUS/1000, cli.IterationMSExec, "the same simulated iteration")
 		})

@@ -33,7 +33,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
-	recompute := fs.Bool("recompute", false, "let the Engine drop tensors of ops that can run again and recompute them (each recompute verified)")
+	recompute := fs.Bool("recompute", true, "let the Engine drop tensors of ops that can run again (mre.Recomputable) and recompute them, each recompute verified; --recompute=false swaps alone")
 	policyFile := fs.String("policy-file", "", "policy file: loaded at start if it exists, saved at the end")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")

@@ -1,4 +1,4 @@
-package device
+package place
 
 import (
 	"math/rand/v2"
@@ -10,8 +10,8 @@ import (
 
 // randomLives makes n blocks of sizes in multiples of align with random
 // lives on a clock of t, a tenth of them living across the end.
-func randomLives(r *rand.Rand, n int, t int32, align int64) []placeItem {
-	items := make([]placeItem, n)
+func randomLives(r *rand.Rand, n int, t int32, align int64) []Item {
+	items := make([]Item, n)
 	for i := range items {
 		size := align * (1 + r.Int64N(64))
 		if r.IntN(20) == 0 {
@@ -19,29 +19,29 @@ func randomLives(r *rand.Rand, n int, t int32, align int64) []placeItem {
 		}
 		from := r.Int32N(t)
 		to := from + 1 + r.Int32N(t/4)
-		l := life{n: 1, iv: [2]span{{from, min(to, t)}}}
+		l := Life{N: 1, IV: [2]Span{{from, min(to, t)}}}
 		if to > t {
-			l = life{n: 2, iv: [2]span{{from, t}, {0, to - t}}}
+			l = Life{N: 2, IV: [2]Span{{from, t}, {0, to - t}}}
 		}
-		items[i] = placeItem{size: size, life: l}
+		items[i] = Item{Size: size, Life: l}
 	}
 	return items
 }
 
 // peakLive is the most bytes whose lives meet at one point of the clock.
-func peakLive(items []placeItem, fixed []placed, t int32) int64 {
+func peakLive(items []Item, fixed []Placed, t int32) int64 {
 	var peak int64
 	for c := range t {
-		at := life{n: 1, iv: [2]span{{c, c + 1}}}
+		at := Life{N: 1, IV: [2]Span{{c, c + 1}}}
 		var sum int64
 		for _, it := range items {
-			if it.life.meets(at) {
-				sum += it.size
+			if it.Life.Meets(at) {
+				sum += it.Size
 			}
 		}
 		for _, f := range fixed {
-			if f.life.meets(at) {
-				sum += f.size
+			if f.Life.Meets(at) {
+				sum += f.Size
 			}
 		}
 		peak = max(peak, sum)
@@ -59,25 +59,25 @@ func TestPackBlocks(t *testing.T) {
 		const clock = 400
 		items := randomLives(r, 300, clock, align)
 		base := uintptr(1 << 30)
-		whole := life{n: 1, iv: [2]span{{0, clock}}}
-		fixed := []placed{{addr: base + 64*align, size: 100 * align, life: whole}}
-		segs := []placed{{addr: base, size: 1 << 30}}
-		addrs := packBlocks(segs, fixed, items, 0)
+		whole := Life{N: 1, IV: [2]Span{{From: 0, To: clock}}}
+		fixed := []Placed{{Addr: base + 64*align, Size: 100 * align, Life: whole}}
+		segs := []Placed{{Addr: base, Size: 1 << 30}}
+		addrs := Pack(segs, fixed, items, 0)
 		var top uintptr
 		for i, it := range items {
 			a := addrs[i]
 			require.NotZero(t, a, "seed %d: item %d unplaced", seed, i)
 			require.GreaterOrEqual(t, a, base)
-			require.LessOrEqual(t, a+uintptr(it.size), base+1<<30)
+			require.LessOrEqual(t, a+uintptr(it.Size), base+1<<30)
 			require.Zero(t, a%align)
-			top = max(top, a+uintptr(it.size))
+			top = max(top, a+uintptr(it.Size))
 			for _, f := range fixed {
-				require.False(t, a < f.addr+uintptr(f.size) && f.addr < a+uintptr(it.size), "seed %d: item %d on a fixed block", seed, i)
+				require.False(t, a < f.Addr+uintptr(f.Size) && f.Addr < a+uintptr(it.Size), "seed %d: item %d on a fixed block", seed, i)
 			}
 			for j := range i {
 				b, jt := addrs[j], items[j]
-				if it.life.meets(jt.life) {
-					require.False(t, a < b+uintptr(jt.size) && b < a+uintptr(it.size),
+				if it.Life.Meets(jt.Life) {
+					require.False(t, a < b+uintptr(jt.Size) && b < a+uintptr(it.Size),
 						"seed %d: items %d and %d overlap while both live", seed, i, j)
 				}
 			}
@@ -92,10 +92,10 @@ func TestPackBlocks(t *testing.T) {
 // TestPackBlocksNoRoom: a block larger than every gap stays unplaced, and
 // the rest still go.
 func TestPackBlocksNoRoom(t *testing.T) {
-	whole := life{n: 1, iv: [2]span{{0, 10}}}
-	segs := []placed{{addr: 4096, size: 4096}}
-	items := []placeItem{{size: 8192, life: whole}, {size: 1024, life: whole}, {size: 1024, life: life{n: 1, iv: [2]span{{2, 3}}}}}
-	addrs := packBlocks(segs, nil, items, 0)
+	whole := Life{N: 1, IV: [2]Span{{From: 0, To: 10}}}
+	segs := []Placed{{Addr: 4096, Size: 4096}}
+	items := []Item{{Size: 8192, Life: whole}, {Size: 1024, Life: whole}, {Size: 1024, Life: Life{N: 1, IV: [2]Span{{From: 2, To: 3}}}}}
+	addrs := Pack(segs, nil, items, 0)
 	assert.Zero(t, addrs[0])
 	assert.Equal(t, uintptr(4096), addrs[1])
 	assert.Equal(t, uintptr(4096+1024), addrs[2])
@@ -110,7 +110,7 @@ func BenchmarkPackBlocks(b *testing.B) {
 	const n, page = 2000, 2 << 20
 	r := rand.New(rand.NewPCG(1, 2))
 	clock := int32(4 * n)
-	items := make([]placeItem, n)
+	items := make([]Item, n)
 	for i := range items {
 		size := int64(1+r.IntN(64)) << 16
 		if r.IntN(10) == 0 {
@@ -121,11 +121,11 @@ func BenchmarkPackBlocks(b *testing.B) {
 		if i%2 == 1 {
 			to = from + 1 + r.Int32N(64)
 		}
-		items[i] = placeItem{size: size, life: life{n: 1, iv: [2]span{{from, to}}}}
+		items[i] = Item{Size: size, Life: Life{N: 1, IV: [2]Span{{From: from, To: to}}}}
 	}
-	segs := []placed{{addr: 1 << 40, size: 32 << 30}}
+	segs := []Placed{{Addr: 1 << 40, Size: 32 << 30}}
 	b.ReportAllocs()
 	for b.Loop() {
-		packBlocks(segs, nil, items, page)
+		Pack(segs, nil, items, page)
 	}
 }

@@ -1,0 +1,251 @@
+package chameleon
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/plan"
+	"github.com/chameleon-go/chameleon/plan/place"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// policyLayout is where a policy's blocks go in device memory: the plan's
+// layout (plan.Layout), by what takes each block, so that the executor asks
+// the allocator for each block at its planned offset (AllocAt) and the
+// step runs in the memory the plan counted, placed from its first
+// iteration. A block the layout did not foresee (another sequence, a shape
+// that moved, a host allocation) is served off the layout's pages.
+type policyLayout struct {
+	// blocks are the layout's blocks at their offsets: what the allocator
+	// follows (device.Allocator.Follow).
+	blocks []place.Placed
+	// made is an op's outputs by op, rounded size and ordinal among that
+	// op's outputs of that size; in and rc per swap and recompute (-1: no
+	// place); remade the inputs made again, by tensor and op.
+	made   map[madeKey]int64
+	in, rc []int64
+	remade map[remadeKey]int64
+	// entry is where the layout has each tensor live when the iteration
+	// begins, and its size: a parameter or optimizer state elsewhere is
+	// moved there.
+	entry map[trace.TensorID]spot
+}
+
+type spot struct{ off, size int64 }
+
+// unlaidTiers are the shares of the limit a policy that runs without a
+// layout (an update of one from elsewhere) is planned for in turn: the
+// room below the limit is what lets the allocator place blocks it was not
+// told where to put.
+var unlaidTiers = []int{90, 95, 100}
+
+type madeKey struct {
+	op   int
+	size int64
+	n    int
+}
+
+type remadeKey struct {
+	id trace.TensorID
+	op int
+}
+
+// newPolicyLayout indexes l for a policy of nswaps swaps and nrcs
+// recomputes; nil when there is no layout or it does not fit the limit
+// (the allocator then places blocks as it records them, Allocator.Repeat).
+func newPolicyLayout(l *plan.Layout, nswaps, nrcs int) *policyLayout {
+	if l == nil || !l.Fits() {
+		return nil
+	}
+	pl := &policyLayout{made: map[madeKey]int64{}, in: make([]int64, nswaps), rc: make([]int64, nrcs), remade: map[remadeKey]int64{},
+		entry: map[trace.TensorID]spot{}}
+	for i := range pl.in {
+		pl.in[i] = -1
+	}
+	for i := range pl.rc {
+		pl.rc[i] = -1
+	}
+	var made []*plan.Block
+	for i := range l.Blocks {
+		b := &l.Blocks[i]
+		if b.Off < 0 {
+			continue
+		}
+		pl.blocks = append(pl.blocks, place.Placed{Addr: uintptr(b.Off), Size: b.Size, Life: b.Life})
+		switch b.Kind {
+		case plan.Entry:
+			if b.Life.IV[0].From == 0 {
+				pl.entry[b.Tensor] = spot{b.Off, b.Size}
+			}
+		}
+		if b.Life.N == 2 && b.Life.IV[1].From == 0 && b.Kind != plan.Made {
+			pl.entry[b.Tensor] = spot{b.Off, b.Size}
+		}
+		switch b.Kind {
+		case plan.Made:
+			made = append(made, b)
+		case plan.SwapIn:
+			if b.Index < nswaps {
+				pl.in[b.Index] = b.Off
+			}
+		case plan.Recompute:
+			if b.Index < nrcs {
+				pl.rc[b.Index] = b.Off
+			}
+		case plan.Remade:
+			pl.remade[remadeKey{b.Tensor, b.Op}] = b.Off
+		}
+	}
+	// An op's outputs are counted by size, in the order the op made them
+	// (their ordinals): the host makes them in that order each iteration.
+	slices.SortFunc(made, func(x, y *plan.Block) int { return cmp.Or(cmp.Compare(x.Op, y.Op), cmp.Compare(x.Index, y.Index)) })
+	count := map[madeKey]int{}
+	for _, b := range made {
+		k := madeKey{op: b.Op, size: b.Size}
+		n := count[k]
+		count[k]++
+		k.n = n
+		pl.made[k] = b.Off
+	}
+	return pl
+}
+
+// madeAt is the offset of the next output the host makes for op (NewTensor),
+// -1 when the layout has none: the n-th of its size for that op.
+func (it *Iteration) madeAt(p *policy, size int64) int64 {
+	if !it.active || p == nil || p.layout == nil {
+		return -1
+	}
+	if it.madeOp != it.op || it.madeN == nil {
+		it.madeOp = it.op
+		if it.madeN == nil {
+			it.madeN = map[int64]int{}
+		}
+		clear(it.madeN)
+	}
+	r := memory.RoundBytes(size)
+	k := madeKey{op: it.op, size: r, n: it.madeN[r]}
+	it.madeN[r]++
+	if off, ok := p.layout.made[k]; ok {
+		return off
+	}
+	return -1
+}
+
+// at is the offset of slot k of offs, -1 when there is none.
+func at(offs []int64, k int) int64 {
+	if k < 0 || k >= len(offs) {
+		return -1
+	}
+	return offs[k]
+}
+
+// layoutGiveUp: a layout is dropped after two iterations in a row in which
+// more than one in layoutGiveUp of the blocks with a place missed it: the
+// step does not recur closely enough (a decode loop's cache grows every
+// step), and the allocator's own placement serves it better.
+const layoutGiveUp = 10
+
+// follow points the allocator at the layout of the policy in force, or at
+// none, and moves the parameters and optimizer state resident elsewhere
+// than the layout has them to their places.
+func (e *Engine) follow(p *policy) error {
+	var lay *policyLayout
+	if p != nil {
+		lay = p.layout
+	}
+	st := e.alloc.Stats()
+	placed, missed := st.Placed-e.placedAt, st.Missed-e.missedAt
+	e.placedAt, e.missedAt = st.Placed, st.Missed
+	if lay != nil && lay == e.following && missed*layoutGiveUp > placed+missed {
+		if e.offLayout++; e.offLayout >= 2 {
+			p.layout, lay = nil, nil
+		}
+	} else {
+		e.offLayout = 0
+	}
+	if lay == e.following {
+		return nil
+	}
+	e.following = lay
+	if lay == nil {
+		e.alloc.Follow(nil)
+		return nil
+	}
+	e.alloc.Follow(lay.blocks)
+	return e.relocate(lay)
+}
+
+// relocate moves each resident parameter and optimizer state to where lay
+// has it when the iteration begins, with one copy on the compute stream
+// (queued before the iteration's first kernel; the old memory is freed
+// behind it). Where a tensor's place is taken by others still to move (the
+// places of a new layout cross the old ones), those that could not move
+// first go off the layout's pages, then each to its place. One whose place
+// stays taken stays where it is, and the blocks planned over it are served
+// elsewhere.
+func (e *Engine) relocate(lay *policyLayout) error {
+	var blocked []*Tensor
+	for pass := 0; pass < 3; pass++ {
+		blocked = blocked[:0]
+		for _, t := range e.live {
+			at, ok := lay.entry[t.id]
+			off := at.off
+			if !ok || at.size != memory.RoundBytes(t.size) || !t.kind.persistent() || t.released || t.state != resident || t.ptr == 0 {
+				continue // not the tensor profiled (a policy from elsewhere)
+			}
+			if cur, ok := e.alloc.Offset(t.ptr); ok && cur == off {
+				continue
+			}
+			ok, err := e.move(t, off)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				blocked = append(blocked, t)
+			}
+		}
+		if len(blocked) == 0 || pass > 0 {
+			break
+		}
+		for _, t := range blocked {
+			if _, err := e.move(t, -1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// move copies resident t to offset off of the allocator's memory (-1:
+// anywhere free, off the layout's pages where it can), reporting false when
+// that place is taken.
+func (e *Engine) move(t *Tensor, off int64) (bool, error) {
+	var ptr device.DevPtr
+	var err error
+	if off >= 0 {
+		ptr, err = e.alloc.Place(t.size, e.compute, off)
+	} else {
+		ptr, err = e.alloc.AllocAside(t.size, e.compute)
+	}
+	if errors.Is(err, device.ErrOutOfMemory) {
+		return false, nil
+	}
+	if err != nil {
+		return false, faulted("relocation", t, err)
+	}
+	if err := e.dev.CopyD2D(ptr, t.ptr, t.size, e.compute); err != nil {
+		return false, faulted("relocation", t, err, func() error { return e.alloc.Free(ptr) })
+	}
+	if err := e.alloc.FreeOn(t.ptr, e.compute); err != nil {
+		return false, faulted("relocation", t, err)
+	}
+	t.ptr = ptr
+	if off >= 0 {
+		e.stats.Relocated++
+	}
+	return true, nil
+}

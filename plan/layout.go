@@ -1,0 +1,371 @@
+package plan
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/plan/place"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// Layout is where the blocks of a planned iteration go in device memory:
+// the plan's memory as the allocator must hold it, blocks at addresses,
+// rather than as a byte count. A plan whose bytes fit the limit can still
+// need more memory than the limit as blocks: a block freed in the middle of
+// others leaves a hole that only a block of its size or less can take, and
+// where memory is mapped a page at a time a block that shares a page with
+// another keeps the page in use. Make plans, lays the plan out, and plans
+// again lower by what the layout needs over the limit until it fits; the
+// executor then serves each block at its offset (chameleon's Engine, through
+// device.Allocator.AllocAt), so what runs is what was planned.
+type Layout struct {
+	// Page is the unit memory is mapped in; 0 when the blocks must fit in
+	// one range of Budget bytes.
+	Page int64
+	// Budget is the device memory the blocks must fit in, in bytes.
+	Budget int64
+	// Blocks are the iteration's blocks, each with its offset (Off, from
+	// the start of the device memory; -1 when no room was found).
+	Blocks []Block
+	// Touched is the pages some block uses at some point of the iteration
+	// (all of them stay mapped when no page moves), Most the most pages in
+	// use at one op; with no pages, both are the bytes up to the highest
+	// block's end.
+	Touched, Most int64
+	// Live is the most bytes the blocks hold at one op: the plan's peak.
+	Live int64
+	// Unplaced counts the blocks no range had room for.
+	Unplaced int
+}
+
+// BlockKind says what takes a block's memory.
+type BlockKind uint8
+
+const (
+	// Entry is a tensor live when the iteration begins: a parameter,
+	// optimizer state, what the last iteration left.
+	Entry BlockKind = iota
+	// Made is an op's output, allocated before op Op runs; Index is its
+	// ordinal among the storages that op makes, in the order they were
+	// made (their ids).
+	Made
+	// SwapIn is the copy back of swap Index, taken at op Op.
+	SwapIn
+	// Recompute is the tensor recompute Index makes again before op Op.
+	Recompute
+	// Remade is an input made again for the recomputes before op Op.
+	Remade
+	// Unreferenced is the bytes no op references (memory.Model.Base):
+	// memory the trace's curve held beside its tensors.
+	Unreferenced
+)
+
+// Block is one block of device memory of a planned iteration: Size bytes
+// over Life (op indices: from the op that takes the memory to the first op
+// at which it is free again), what takes it, and where the layout put it.
+type Block struct {
+	Size   int64
+	Life   place.Life
+	Tensor trace.TensorID
+	Kind   BlockKind
+	// Op is the op at whose start (Made: before which) the memory is
+	// taken; Index the ordinal, swap or recompute (see BlockKind). A block
+	// whose Life has a second interval from 0 is also where the tensor
+	// is when the iteration begins: taken at Op, kept into the next.
+	Op, Index int
+	// Off is the block's offset in the layout, -1 when unplaced.
+	Off int64
+}
+
+// Need is the device bytes the layout needs: every page it touches, or
+// every byte up to its highest block.
+func (l *Layout) Need() int64 {
+	if l.Page > 0 {
+		return max(l.Touched, l.Most) * l.Page
+	}
+	return l.Touched
+}
+
+// Fits reports whether the layout fits the budget with no page moved.
+func (l *Layout) Fits() bool { return l.Unplaced == 0 && l.Need() <= l.Budget }
+
+// Over is the bytes the layout needs beyond the budget (0 when it fits).
+func (l *Layout) Over() int64 { return max(0, l.Need()-l.Budget) }
+
+// LayOut packs the blocks of the planned iteration r (its memory model, its
+// policy and the simulation of the policy as the executor issues it) into
+// budget bytes of memory mapped page bytes at a time (page 0: one range),
+// with the packer the device's allocator places a recurring step with
+// (place.Pack): the largest block first, each where it adds the fewest
+// pages. It is pure.
+func LayOut(r *Result, page, budget int64) *Layout {
+	blocks := Blocks(r)
+	l := &Layout{Page: page, Budget: budget}
+	// Address 0 means unplaced to the packer: the blocks go from one page
+	// (or block) on, and are reported from 0. As the device reserves it,
+	// the address space is twice the budget, so that the packer can place
+	// a block anew while as much again is held.
+	base := uintptr(max(page, device.BlockSize))
+	space := 2 * max(budget, 1)
+	if page > 0 {
+		space = (space + page - 1) / page * page
+	}
+	n := int32(len(r.Curve))
+	items := make([]place.Item, len(blocks))
+	for i := range blocks {
+		b := &blocks[i]
+		if b.Kind == Made && b.Life.N == 1 && b.Life.IV[0].To == n && b.Size <= max(page, budget>>10) {
+			// Made here and kept past the end with nothing of the
+			// iteration before to pair with (pairAcross): a value the host
+			// keeps for the next step and releases there with no op
+			// reading it (a loss, a scalar). The one made last iteration
+			// is in its place from the start until this one is made; small
+			// ones keep the place for it, rather than have the model
+			// guess when that one goes.
+			b.Life = place.Life{N: 2, IV: [2]place.Span{b.Life.IV[0], {From: 0, To: int32(b.Op)}}}
+		}
+		items[i] = place.Item{Size: b.Size, Life: b.Life}
+	}
+	addrs := place.Pack([]place.Placed{{Addr: base, Size: space}}, nil, items, page)
+	for i := range blocks {
+		blocks[i].Off = -1
+		if addrs[i] == 0 {
+			l.Unplaced++
+			continue
+		}
+		blocks[i].Off = int64(addrs[i] - base)
+	}
+	l.Blocks = blocks
+	var at []place.Placed
+	for _, b := range blocks {
+		if b.Off < 0 {
+			continue
+		}
+		at = append(at, place.Placed{Addr: uintptr(b.Off), Size: b.Size, Life: b.Life})
+		if page <= 0 {
+			l.Touched = max(l.Touched, b.Off+b.Size)
+		}
+	}
+	if page > 0 {
+		l.Touched, l.Most = place.Pages(at, page)
+	} else {
+		l.Most = l.Touched
+	}
+	l.Live = liveBytes(at)
+	return l
+}
+
+// liveBytes is the most bytes of blocks whose lives hold one op.
+func liveBytes(blocks []place.Placed) int64 {
+	type edge struct {
+		at int32
+		d  int64
+	}
+	var edges []edge
+	for _, b := range blocks {
+		for _, v := range b.Life.IV[:b.Life.N] {
+			edges = append(edges, edge{v.From, b.Size}, edge{v.To, -b.Size})
+		}
+	}
+	slices.SortFunc(edges, func(x, y edge) int { return cmp.Or(cmp.Compare(x.at, y.at), cmp.Compare(x.d, y.d)) })
+	var cur, most int64
+	for _, e := range edges {
+		cur += e.d
+		most = max(most, cur)
+	}
+	return most
+}
+
+// Blocks lists the device blocks of the planned iteration r, each with its
+// life in op indices: every storage of the memory model from the op that
+// allocates it (0 when it is live at entry) to the first op it no longer
+// counts at (the op count when it outlives the iteration), less its gaps
+// off the device: a swap's from the op its memory counts free at (the
+// executor's simulation) to the op its copy back is issued at, a wrapping
+// swap's before its copy back and after its memory is free, a recompute's
+// from after the op it is dropped after to the op it is remade before. An
+// input held for a recompute lives on to the recompute's op; an input made
+// again for one is a block of its own over that op. The bytes no op
+// references (memory.Model.Base) are one block over the whole iteration.
+// At each op the blocks hold what the policy's simulated curve holds.
+func Blocks(r *Result) []Block {
+	m := r.Model
+	n := int32(len(m.Curve))
+	var out []Block
+	if m.Base > 0 {
+		out = append(out, Block{Size: m.Base, Life: place.Once(0, n), Kind: Unreferenced})
+	}
+	holes := map[trace.TensorID][]hole{}
+	hold := map[trace.TensorID]int32{}
+	var swaps []simulate.Swap
+	var rcs []simulate.Recompute
+	var freed []int
+	if r.Policy != nil {
+		swaps, rcs = r.Policy.Swaps, r.Policy.Recomputes
+		if r.Exec != nil {
+			freed = r.Exec.Freed
+		} else if r.Policy.Sim != nil {
+			freed = r.Policy.Sim.Freed
+		}
+	}
+	for k, s := range swaps {
+		f := int32(s.Free)
+		if k < len(freed) {
+			f = int32(freed[k])
+		}
+		if s.Wraps() {
+			holes[s.Tensor] = append(holes[s.Tensor], hole{place.Span{From: 0, To: int32(s.In)}, SwapIn, k},
+				hole{place.Span{From: f, To: n}, SwapIn, k})
+			continue
+		}
+		if f < 0 {
+			f = int32(s.Out + 1)
+		}
+		holes[s.Tensor] = append(holes[s.Tensor], hole{place.Span{From: f, To: int32(s.In)}, SwapIn, k})
+	}
+	type at struct {
+		id trace.TensorID
+		op int
+	}
+	remade := map[at]int64{}
+	for k, rc := range rcs {
+		holes[rc.Tensor] = append(holes[rc.Tensor], hole{place.Span{From: int32(rc.Drop + 1), To: int32(rc.Before)}, Recompute, k})
+		for _, x := range rc.Kept {
+			hold[x.Tensor] = max(hold[x.Tensor], int32(rc.Before+1))
+		}
+		for _, x := range rc.Remade {
+			remade[at{x.Tensor, rc.Before}] = x.Bytes
+		}
+	}
+	// A storage an op makes is known by its ordinal among the op's, in
+	// the order they were made.
+	made := map[int][]trace.TensorID{}
+	for k := range m.Lifetimes {
+		if lt := &m.Lifetimes[k]; !lt.LiveIn && lt.Alloc >= 0 {
+			made[lt.Alloc] = append(made[lt.Alloc], lt.Tensor.ID)
+		}
+	}
+	ordinal := map[trace.TensorID]int{}
+	for _, ids := range made {
+		slices.Sort(ids)
+		for i, id := range ids {
+			ordinal[id] = i
+		}
+	}
+	pairs := pairAcross(m, holes, n)
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if in, ok := pairs[lt.Tensor.ID]; ok {
+			if in >= 0 {
+				// One block across the iteration's end: made at Alloc and
+				// kept into the next iteration, which frees it at in's Free.
+				b := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Made, Op: lt.Alloc, Index: ordinal[lt.Tensor.ID]}
+				b.Life = place.Life{N: 2, IV: [2]place.Span{{From: int32(lt.Alloc), To: n}, {From: 0, To: int32(in)}}}
+				out = append(out, b)
+			}
+			continue
+		}
+		first := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Entry}
+		from, to := int32(0), min(int32(lt.Free), n)
+		if !lt.LiveIn && lt.Alloc >= 0 {
+			from = int32(lt.Alloc)
+			first.Kind, first.Op, first.Index = Made, lt.Alloc, ordinal[lt.Tensor.ID]
+		}
+		if h, ok := hold[lt.Tensor.ID]; ok {
+			to = min(max(to, h), n)
+		}
+		k0 := len(out)
+		out = appendPieces(out, first, from, to, holes[lt.Tensor.ID])
+		if last := len(out) - 1; last > k0 && out[k0].Life.IV[0].From == 0 && out[last].Life.IV[0].To == n {
+			// Resident at both ends with gaps between: where the last piece
+			// ends one iteration, the first begins the next, so the two
+			// are one block.
+			out[last].Life = place.Life{N: 2, IV: [2]place.Span{out[last].Life.IV[0], out[k0].Life.IV[0]}}
+			out = slices.Delete(out, k0, k0+1)
+		}
+	}
+	keys := make([]at, 0, len(remade))
+	for k := range remade {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(x, y at) int { return cmp.Or(cmp.Compare(x.op, y.op), cmp.Compare(x.id, y.id)) })
+	for _, k := range keys {
+		out = append(out, Block{Size: memory.RoundBytes(remade[k]), Life: place.Once(int32(k.op), int32(k.op+1)),
+			Tensor: k.id, Kind: Remade, Op: k.op})
+	}
+	return out
+}
+
+// pairAcross pairs what an iteration makes and keeps past its end with
+// what, in the same place, the iteration frees of what the one before kept:
+// on the device they are one block, made in one iteration and freed in the
+// next (a value a step keeps for the next). Storages of the same size pair
+// in the order they were made; a pair is one block when the one kept is
+// freed before the next is made and neither leaves the device. The result
+// maps the made storage to the op its pair is freed at, and the freed one
+// to -1.
+func pairAcross(m *memory.Model, holes map[trace.TensorID][]hole, n int32) map[trace.TensorID]int {
+	byIn, byOut := map[int64][]*memory.Lifetime{}, map[int64][]*memory.Lifetime{}
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if len(holes[lt.Tensor.ID]) > 0 || lt.Tensor.Kind.Persistent() {
+			continue
+		}
+		switch {
+		case lt.LiveIn && !lt.LiveOut && int32(lt.Free) < n:
+			byIn[lt.Bytes] = append(byIn[lt.Bytes], lt)
+		case !lt.LiveIn && lt.Alloc >= 0 && int32(lt.Free) >= n:
+			byOut[lt.Bytes] = append(byOut[lt.Bytes], lt)
+		}
+	}
+	pairs := map[trace.TensorID]int{}
+	for size, outs := range byOut {
+		ins := byIn[size]
+		slices.SortFunc(ins, func(x, y *memory.Lifetime) int { return cmp.Compare(x.Tensor.ID, y.Tensor.ID) })
+		slices.SortFunc(outs, func(x, y *memory.Lifetime) int { return cmp.Compare(x.Tensor.ID, y.Tensor.ID) })
+		for i := range min(len(ins), len(outs)) {
+			if ins[i].Free <= outs[i].Alloc {
+				pairs[outs[i].Tensor.ID] = ins[i].Free
+				pairs[ins[i].Tensor.ID] = -1
+			}
+		}
+	}
+	return pairs
+}
+
+// hole is a gap of a storage off the device, and what brings it back.
+type hole struct {
+	span  place.Span
+	kind  BlockKind
+	index int
+}
+
+// appendPieces appends the pieces of [from, to) outside holes, the first
+// as first says, each later one as the hole before it says.
+func appendPieces(out []Block, first Block, from, to int32, holes []hole) []Block {
+	if len(holes) > 1 {
+		holes = slices.Clone(holes)
+		slices.SortFunc(holes, func(x, y hole) int { return cmp.Compare(x.span.From, y.span.From) })
+	}
+	cur, b := from, first
+	for _, h := range holes {
+		if h.span.From > cur {
+			if e := min(h.span.From, to); e > cur {
+				b.Life = place.Once(cur, e)
+				out = append(out, b)
+			}
+		}
+		if h.span.To > cur {
+			cur = h.span.To
+			b = Block{Size: first.Size, Tensor: first.Tensor, Kind: h.kind, Op: int(cur), Index: h.index}
+		}
+	}
+	if to > cur {
+		b.Life = place.Once(cur, to)
+		out = append(out, b)
+	}
+	return out
+}
