@@ -34,6 +34,7 @@ func (e *Engine) allocate(size int64, s device.Stream, off int64) (device.DevPtr
 	for {
 		ptr, err := e.alloc.AllocAt(size, s, off)
 		if err == nil {
+			e.logMiss("alloc", off, ptr, size)
 			return ptr, nil
 		}
 		if !errors.Is(err, device.ErrOutOfMemory) {
@@ -223,6 +224,9 @@ func (e *Engine) swapIn(t *Tensor, evict bool, off int64) (bool, error) {
 		ptr, err = e.allocate(t.size, e.h2d, off)
 	} else {
 		ptr, err = e.alloc.AllocAt(t.size, e.h2d, off)
+		if err == nil {
+			e.logMiss("swap in", off, ptr, t.size)
+		}
 		if errors.Is(err, device.ErrOutOfMemory) {
 			return false, nil
 		}

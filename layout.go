@@ -3,7 +3,9 @@ package chameleon
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/memory"
@@ -211,6 +213,7 @@ func (e *Engine) relocate(lay *policyLayout) error {
 		if len(blocked) == 0 || pass > 0 {
 			break
 		}
+		// Out of the way, off the layout's pages, then to their places.
 		for _, t := range blocked {
 			if _, err := e.move(t, -1); err != nil {
 				return err
@@ -248,4 +251,30 @@ func (e *Engine) move(t *Tensor, off int64) (bool, error) {
 		e.stats.Relocated++
 	}
 	return true, nil
+}
+
+// logMiss logs (CHAMELEON_DEBUG=layout) a block served away from offset off
+// of the layout, and the tensors that hold that place.
+func (e *Engine) logMiss(what string, off int64, ptr device.DevPtr, size int64) {
+	l := e.cfg.layoutLog
+	if l == nil || off < 0 {
+		return
+	}
+	if got, ok := e.alloc.Offset(ptr); ok && got == off {
+		return
+	}
+	got, _ := e.alloc.Offset(ptr)
+	var holders []string
+	for _, u := range e.live {
+		if u.ptr == 0 {
+			continue
+		}
+		if uo, ok := e.alloc.Offset(u.ptr); ok && uo < off+size && off < uo+u.size {
+			holders = append(holders, fmt.Sprintf("tensor %d (%d bytes at %d, kind %d, state %d, released %v, holds %d, swap %d)",
+				u.id, u.size, uo, u.kind, u.state, u.released, u.holds, u.plan))
+		}
+	}
+	st := e.alloc.Stats()
+	l.Debug("layout miss", "what", what, "iteration", e.stats.Iterations, "op", e.it.op, "bytes", size, "want", off, "got", got,
+		"held_by", strings.Join(holders, "; "), "in_pages", st.InPages, "reserved", st.Reserved)
 }

@@ -56,6 +56,7 @@ type config struct {
 	hostReserve int64
 	staleMatch  float64
 	evictLog    *slog.Logger
+	layoutLog   *slog.Logger
 	policyFile  string
 	// strictPolicy: a damaged policy file fails New
 	strictPolicy bool
@@ -95,8 +96,10 @@ func engineMatch() match.Config {
 }
 
 // fromEnv reads CHAMELEON_DEBUG, a comma-separated list of topics:
-// seqchange (each iteration's sequence hash and why a change was declared)
-// and evict (each forced swap-out and the allocator's state).
+// seqchange (each iteration's sequence hash and why a change was declared),
+// evict (each forced swap-out and the allocator's state) and layout (each
+// block served away from its place in the policy's layout, with what holds
+// that place).
 func (c *config) fromEnv() {
 	env := os.Getenv("CHAMELEON_DEBUG")
 	debug := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -105,6 +108,9 @@ func (c *config) fromEnv() {
 	}
 	if seq.DebugEnabled(env, "evict") {
 		c.evictLog = debug
+	}
+	if seq.DebugEnabled(env, "layout") {
+		c.layoutLog = debug
 	}
 }
 
@@ -289,16 +295,11 @@ func WithEstimator(e layer.Estimator) Option { return withPlan(plan.WithEstimato
 
 // WithTiers sets the shares of the limit, in percent and increasing, that
 // a plan aims at in turn, the lowest that can be met winning (default
-// plan.DefaultTiers: 90, 95, 100). The room under the limit is for the
-// allocator's transients between the curve's points: a plan that fills
-// the limit to the byte may find no run of free memory for a block.
-// WithTiers(100) plans for the limit alone, for steps whose blocks pack
-// into it without loss (a few large ones of like sizes, placed
-// (WithPlacement) on mapped pages), where a lower tier only costs
-// recomputes and swaps: the residual MLP of examples/train at 40% of its
-// peak plans for 14.5% simulated overhead at the limit and 31.6% at its
-// 90% tier. Where the blocks still do not pack, placement asks for a
-// tighter plan (Stats.Tightened), after steps that evicted.
+// plan.DefaultTiers: 100, the limit alone). It is an escape hatch: the
+// room a plan leaves under the limit comes from its layout, which lays the
+// plan's blocks out in the allocator's pages and plans lower by what they
+// need over the limit (plan.Layout), and the Engine serves every block at
+// its place. Lower tiers only cost recomputes and swaps beyond that.
 func WithTiers(pcts ...int) Option { return withPlan(plan.WithTiers(pcts...)) }
 
 // WithPlanner replaces the Plan stage (default mre.Plan) and nothing else:

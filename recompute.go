@@ -208,7 +208,13 @@ func (it *Iteration) resident1(p *policy, t *Tensor) error {
 			return err
 		}
 	case t.state == swapped:
-		if _, err := e.swapIn(t, true, -1); err != nil {
+		// A planned copy back that found no room ahead of its use still
+		// has its place in the layout.
+		var off int64 = -1
+		if p != nil && p.layout != nil && t.plan >= 0 && int(t.plan) < len(p.live) && p.live[t.plan] == t {
+			off = at(p.layout.in, int(t.plan))
+		}
+		if _, err := e.swapIn(t, true, off); err != nil {
 			return err
 		}
 		it.onDemand++

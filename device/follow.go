@@ -126,7 +126,25 @@ func (p *pool) takeOffset(addr uintptr, need int64, strict bool) (*block, error)
 func (a *Allocator) AllocAside(size int64, s Stream) (DevPtr, error) {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	b, err := a.p.get(size, s)
+	p := &a.p
+	if b, err := p.takeAside(p.a.roundUp(size)); err != nil || b != nil {
+		if err != nil {
+			return 0, fmt.Errorf("%s: alloc %d bytes off the layout: %w", p.what, size, err)
+		}
+		// Freed memory may carry another stream's events: wait for them.
+		for _, e := range b.pending {
+			if e.s != s {
+				if err := p.dev.StreamWait(s, e.ev); err != nil {
+					p.a.give(b.addr, pend{}, false)
+					return 0, fmt.Errorf("%s: alloc %d bytes off the layout: wait for pending free: %w", p.what, size, err)
+				}
+			}
+		}
+		p.a.release(b)
+		p.pl.record(b)
+		return DevPtr(b.addr), nil
+	}
+	b, err := p.get(size, s)
 	if err != nil {
 		return 0, err
 	}

@@ -229,6 +229,22 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout)
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
 		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d, outgrown %d, tightened for placement %d, refined %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, rep.Outgrown, rep.Tightened, rep.Refined, strings.Join(rep.Stages, " "))
+		for i := range rep.Results {
+			if p := rep.Results[i].Plan; p != nil && p.Layout != nil && p.Policy != nil {
+				l := p.Layout
+				fits := "fits"
+				if !l.Fits() {
+					fits = "does not fit: placed by the allocator's own recording"
+				}
+				fmt.Fprintf(stdout, "plan of iteration %d: for %.1f%% of the limit (%d more plans for its layout); layout of %d blocks in %d pages of %d KiB, %d in use at most, of %d: %s\n",
+					rep.Results[i].Index, 100*float64(p.Planned)/float64(max(p.Limit, 1)), p.Tries, len(l.Blocks), l.Touched, l.Page>>10, l.Most, l.Budget/max(l.Page, 1), fits)
+			}
+		}
+		if rep.Engine != nil {
+			if n := rep.Engine.Stats().Relocated; n > 0 {
+				fmt.Fprintf(stdout, "relocated to their places in a layout: %d parameters and optimizer state\n", n)
+			}
+		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		head := "round\titer\tstage\tplanned swaps\tplanned recomputes\ton-demand in\tevictions\tdeferred\tswapped bytes\tpages mapped\tplaced\tmissed\tsimulated ms\t"
 		if rep.Timing {

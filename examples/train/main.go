@@ -121,7 +121,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.workers, "workers", 0, "host backend: goroutines per GEMM (0: GOMAXPROCS)")
 	fs.StringVar(&o.pageSize, "page-size", "", "cuda: bytes of each mapped page, a power of two of at least 2MiB (default: the device's rule for the limit)")
 	fs.BoolVar(&o.placement, "placement", true, "serve each device block at the address the allocator planned from the step before, once a policy runs (chameleon.WithPlacement); false: best fit")
-	fs.StringVar(&o.tiers, "tiers", "100", "shares of the limit the Engine plans for in turn, in percent (chameleon.WithTiers): 100 plans for the limit alone, since the MLP's few large blocks, placed, pack into it; 90,95,100 is the Engine's default")
+	fs.StringVar(&o.tiers, "tiers", "100", "shares of the limit the Engine plans for in turn, in percent (chameleon.WithTiers, an escape hatch): 100, the Engine's default, plans for the limit, lowered as the plan's layout needs")
 	fs.BoolVar(&o.tf32, "tf32", false, "cuda: let cuBLAS use TF32 tensor cores for the fp32 GEMMs")
 	fs.StringVar(&o.arch, "arch", "compute_90", "cuda: NVRTC --gpu-architecture of the elementwise kernels")
 	fs.StringVar(&o.hostReserve, "host-reserve", "0", "pinned host bytes to reserve up front for swapped tensors (0: grow on first need, during warm-up)")
