@@ -59,7 +59,7 @@ func (a *Allocator) AllocAt(size int64, s Stream, off int64) (DevPtr, error) {
 	if off >= 0 && len(p.a.segs) > 0 && off < p.a.segs[0].size {
 		at = p.a.segs[0].addr + uintptr(off)
 	}
-	b, err := p.getAt(size, s, at, false)
+	b, err := p.getAt(size, s, at, false, false)
 	if err != nil {
 		return 0, err
 	}
@@ -76,7 +76,7 @@ func (a *Allocator) Place(size int64, s Stream, off int64) (DevPtr, error) {
 	if off < 0 || len(p.a.segs) == 0 || off >= p.a.segs[0].size {
 		return 0, fmt.Errorf("%s: place %d bytes at offset %d: outside the memory: %w", p.what, size, off, ErrOutOfMemory)
 	}
-	b, err := p.getAt(size, s, p.a.segs[0].addr+uintptr(off), true)
+	b, err := p.getAt(size, s, p.a.segs[0].addr+uintptr(off), true, false)
 	if err != nil {
 		return 0, err
 	}
@@ -126,25 +126,7 @@ func (p *pool) takeOffset(addr uintptr, need int64, strict bool) (*block, error)
 func (a *Allocator) AllocAside(size int64, s Stream) (DevPtr, error) {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
-	p := &a.p
-	if b, err := p.takeAside(p.a.roundUp(size)); err != nil || b != nil {
-		if err != nil {
-			return 0, fmt.Errorf("%s: alloc %d bytes off the layout: %w", p.what, size, err)
-		}
-		// Freed memory may carry another stream's events: wait for them.
-		for _, e := range b.pending {
-			if e.s != s {
-				if err := p.dev.StreamWait(s, e.ev); err != nil {
-					p.a.give(b.addr, pend{}, false)
-					return 0, fmt.Errorf("%s: alloc %d bytes off the layout: wait for pending free: %w", p.what, size, err)
-				}
-			}
-		}
-		p.a.release(b)
-		p.pl.record(b)
-		return DevPtr(b.addr), nil
-	}
-	b, err := p.get(size, s)
+	b, err := a.p.getAt(size, s, 0, false, true)
 	if err != nil {
 		return 0, err
 	}

@@ -594,14 +594,19 @@ func (p *pool) planPlacement() bool {
 			clear(pm.planned)
 			pm.uses = nil
 		}
-		// The pages each block uses, as (segment, first, end) runs.
-		type run struct{ si, lo, hi int }
-		type edge struct {
-			at  int32
-			in  bool
-			run run
+		// The blocks at addresses counted from the first segment's start,
+		// each segment after the pages of those before it, for place.Pages;
+		// and where each block's life starts on which pages, for uses.
+		var blocks []place.Placed
+		type start struct {
+			at         int32
+			si, lo, hi int
 		}
-		var edges []edge
+		var starts []start
+		base := make([]uintptr, len(p.a.segs))
+		for si := 1; si < len(p.a.segs); si++ {
+			base[si] = base[si-1] + uintptr((p.a.segs[si-1].size+page-1)/page*page)
+		}
 		add := func(addr uintptr, size int64, l place.Life) {
 			for si := range p.a.segs {
 				seg := &p.a.segs[si]
@@ -610,8 +615,9 @@ func (p *pool) planPlacement() bool {
 					for k := lo; k < hi; k++ {
 						seg.pages.planned[k] = true
 					}
+					blocks = append(blocks, place.Placed{Addr: base[si] + (addr - seg.addr), Size: size, Life: l})
 					for _, v := range l.IV[:l.N] {
-						edges = append(edges, edge{v.From, true, run{si, lo, hi}}, edge{v.To, false, run{si, lo, hi}})
+						starts = append(starts, start{v.From, si, lo, hi})
 					}
 					return
 				}
@@ -625,54 +631,15 @@ func (p *pool) planPlacement() bool {
 				add(addrs[i], it.Size, it.Life)
 			}
 		}
-		pages := 0
-		for si := range p.a.segs {
-			for _, on := range p.a.segs[si].pages.planned {
-				if on {
-					pages++
-				}
-			}
-		}
-		if int64(pages) > p.a.budget {
+		pages, most := place.Pages(blocks, page)
+		if pages > p.a.budget {
 			// Some pages must move each repetition. That is worth it
 			// only for a few of them, and only if at no point the plan
 			// has more pages in use than the budget: it would starve a
-			// request. Ends sort before starts at one point (lives are
-			// half-open).
-			slices.SortFunc(edges, func(x, y edge) int {
-				if c := cmp.Compare(x.at, y.at); c != 0 {
-					return c
-				}
-				if x.in == y.in {
-					return 0
-				}
-				if x.in {
-					return 1
-				}
-				return -1
-			})
-			users := make([][]int32, len(p.a.segs))
-			for si := range users {
-				users[si] = make([]int32, len(p.a.segs[si].pages.mapped))
-			}
-			var inUse, most int64
-			for _, e := range edges {
-				u := users[e.run.si][e.run.lo:e.run.hi]
-				for k := range u {
-					if e.in {
-						if u[k] == 0 {
-							inUse++
-						}
-						u[k]++
-					} else if u[k]--; u[k] == 0 {
-						inUse--
-					}
-				}
-				most = max(most, inUse)
-			}
+			// request.
 			pl.short++
 			pl.shortFit = min(float64(p.a.budget)/float64(most), float64(p.a.budget)/float64(pages))
-			if most > p.a.budget || int64(pages) > p.a.budget+p.a.budget/overPages {
+			if most > p.a.budget || pages > p.a.budget+p.a.budget/overPages {
 				pl.plans++
 				return false
 			}
@@ -682,12 +649,11 @@ func (p *pool) planPlacement() bool {
 				pm := p.a.segs[si].pages
 				pm.uses = make([][]int32, len(pm.mapped))
 			}
-			for _, e := range edges {
-				if e.in {
-					pm := p.a.segs[e.run.si].pages
-					for k := e.run.lo; k < e.run.hi; k++ {
-						pm.uses[k] = append(pm.uses[k], e.at)
-					}
+			slices.SortStableFunc(starts, func(x, y start) int { return cmp.Compare(x.at, y.at) })
+			for _, e := range starts {
+				pm := p.a.segs[e.si].pages
+				for k := e.lo; k < e.hi; k++ {
+					pm.uses[k] = append(pm.uses[k], e.at)
 				}
 			}
 		}

@@ -213,11 +213,12 @@ func (p *pool) destroyEvents() error {
 // get takes a block of at least size bytes and makes s wait for its pending
 // events. A segment is added when nothing fits and growth is enabled.
 // Called with p.mu held.
-func (p *pool) get(size int64, s Stream) (*block, error) { return p.getAt(size, s, 0, false) }
+func (p *pool) get(size int64, s Stream) (*block, error) { return p.getAt(size, s, 0, false, false) }
 
 // getAt is get at address at when that range is free (0: anywhere); strict,
-// there or not at all.
-func (p *pool) getAt(size int64, s Stream, at uintptr, strict bool) (*block, error) {
+// there or not at all. Following a layout, a block that misses its place,
+// or one asked for aside, goes off the layout's pages where it can.
+func (p *pool) getAt(size int64, s Stream, at uintptr, strict, aside bool) (*block, error) {
 	what := p.what
 	if p.closed {
 		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrClosed)
@@ -247,7 +248,7 @@ func (p *pool) getAt(size int64, s Stream, at uintptr, strict bool) (*block, err
 			p.pl.missed++
 		}
 	}
-	if b == nil && at != 0 && p.pl.following {
+	if b == nil && (at != 0 || aside) && p.pl.following {
 		var err error
 		if b, err = p.takeAside(need); err != nil {
 			return nil, fmt.Errorf("%s: alloc %d bytes off the layout: %w", what, size, err)

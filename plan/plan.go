@@ -263,7 +263,7 @@ func (r *Result) fit(cfg config, limit int64, planAt func(int64) (*mre.Policy, e
 	best := *r
 	step := budget / 200
 	hi, lo, floor := r.Planned, int64(-1), budget/4 // hi does not fit, lo does, floor cannot be met
-	for try := 1; try < layoutTries && !best.Layout.Fits() || lo >= 0 && hi-lo > step && try < layoutTries; try++ {
+	for try := 1; try < layoutTries && (!best.Layout.Fits() || lo >= 0 && hi-lo > step); try++ {
 		next := hi - max(r.Layout.Over(), step)
 		if lo >= 0 {
 			next = lo + (hi-lo)/2
