@@ -1,13 +1,16 @@
 package chameleon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/trace"
@@ -218,43 +221,26 @@ type Engine struct {
 	placedAt, missedAt int64
 	offLayout          int
 	cache              *policyCache
-	life               lifecycle
-	closed             bool
-	it                 Iteration
-	stats              Stats
-	onClose            []func() error
+	// ctl decides which policy is in force, when to profile and plan
+	// (internal/controller); no other code writes its state.
+	ctl     *controller.Controller
+	closed  bool
+	it      Iteration
+	stats   Stats
+	onClose []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
-	// outgrown: the policy in force was outgrown (Stats.Outgrown); the
-	// next plan leaves headroom for growth (plan.Input.Growing).
-	outgrown bool
-	// placeFit is the share of the limit plans aim at (1 at first): each
-	// policy whose blocks the allocator found to need more pages than the
-	// limit holds lowers it by the share that would have fit
-	// (Stats.Tightened). shortfalls is the allocator's count of such
-	// plans seen (Allocator.PageShortfalls).
-	placeFit   float64
-	shortfalls int64
-	// fitBefore is placeFit before the tightening under way, back in
-	// force if it finds no plan; the policy in force then stays as it is
-	// (unplacedKey, valid with unplacedSet).
-	fitBefore   float64
-	unplacedKey policyKey
-	unplacedSet bool
-	// superseded are the keys of the policies replaced for placement, to
-	// leave the cache once their replacement is planned; tighten says the
-	// next plan is such a replacement.
-	superseded []policyKey
-	tighten    bool
-	// expected is the policy last applied because its sequence was
-	// expected next (lifecycle's expect); while it is in force, an
-	// iteration of another sequence drops it.
-	expected *policy
-	// lastBytes is the last iteration's allocated bytes, grew how many
-	// iterations in a row they rose (outgrew).
-	lastBytes int64
-	grew      int
-	rank      rankState // WithRank's exchanges
+	// policies numbers the policies put in force (policy.id).
+	policies uint64
+	// job is the plan in flight on the worker (nil: none), sends rank 0's
+	// broadcasts in flight; work is canceled by Close (stop), workers
+	// runs them.
+	job     *planJob
+	sends   []*sendJob
+	work    context.Context
+	stop    context.CancelFunc
+	workers errgroup.Group
+	rank    rankState // WithRank's exchanges
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
 	prefetches []*Tensor
@@ -376,7 +362,10 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	cfg.planning = cfg.planPath()
-	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache(), placeFit: 1}
+	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache()}
+	e.work, e.stop = context.WithCancel(context.Background())
+	e.ctl = controller.New(controller.Config{M: cfg.detect.M, MemDelta: cfg.detect.MaxMemoryDelta, StaleMatch: cfg.staleMatch,
+		Limit: cfg.limit, NoPlace: cfg.noPlace, Ranks: cfg.ranks.active()})
 	fail := func(err error) (*Engine, error) {
 		e.Close()
 		return nil, err
@@ -437,7 +426,6 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 	}
 	e.tracer = cfg.tp.Tracer("github.com/chameleon-go/chameleon")
 	e.it.eng = e
-	e.life = newLifecycle(cfg.detect.M, cfg.detect.MaxMemoryDelta, cfg.staleMatch)
 	return e, nil
 }
 
@@ -447,6 +435,7 @@ func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
+	e.waitWork()
 	var errs []error
 	for i := len(e.onClose) - 1; i >= 0; i-- {
 		errs = append(errs, e.onClose[i]())

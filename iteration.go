@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/seq"
@@ -66,7 +67,12 @@ func (e *Engine) Begin() *Iteration {
 		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
 	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
 	e.tm.poll(false) // a drifted sample asks for a profile
-	if e.life.profile(e.policy != nil, e.det.Next(), e.cached) {
+	start := controller.Start{Policy: e.policy != nil, Next: e.det.Next(), Drifted: e.tm.takeDrift(), Cached: e.cached}
+	if e.ctl.Drifting(start) {
+		e.stats.DriftReplans++
+		e.cfg.logger.Info("chameleon: layer times drifted from the plan: planning again", "threshold", e.cfg.timing.drift)
+	}
+	if e.ctl.Begin(start) {
 		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}, MemExact: true}
 		it.ord, it.keyCount = map[trace.TensorID]uint32{}, map[uint64]uint32{}
 	}
@@ -364,115 +370,24 @@ func (it *Iteration) End() Result {
 		r.SimulatedMS = p.simMS
 	}
 	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
-	if e.lastBytes > 0 && key.Bytes > e.lastBytes {
-		e.grew++
-	} else {
-		e.grew = 0
-	}
-	e.lastBytes = key.Bytes
-	obs := observation{key: key, changed: res.Changed, profiled: it.detail != nil,
-		cached: e.cache.get(key, e.cfg.detect.MaxMemoryDelta) != nil}
+	obs := controller.Observation{Key: key, Changed: res.Changed, Profiled: it.detail != nil,
+		Cached: e.cached(key), Evictions: it.evictions}
+	obs.Shortfalls, obs.Fit = e.alloc.PageShortfalls()
 	if p := e.policy; p != nil {
-		obs.policy, obs.swaps, obs.matched = true, p.targets(), p.matched
-		obs.foreign = p == e.expected && !p.key.same(key, e.cfg.detect.MaxMemoryDelta)
-		obs.outgrown = outgrew(key.Bytes, p.key.Bytes, it.evictions, obs.swaps, e.grew)
-		obs.unplaced = e.unplaced()
-		obs.refine = p.disturbed && it.evictions == 0
+		obs.Policy = &controller.Policy{ID: p.id, Key: p.key, Here: p.here, Targets: p.targets(), Matched: p.matched, Disturbed: p.disturbed}
+		if p.exec != nil {
+			obs.Policy.Peak = p.exec.Peak
+		}
 		r.Matched = p.matched
 	}
-	d := e.life.end(obs)
-	if d.drop {
-		e.policy = nil
-		e.tighten = false
-	}
-	if d.stale {
-		e.cache.drop(e.policy.key)
-		e.stats.StaleDrops++
-	}
-	if d.outgrown {
-		e.stats.Outgrown++
-		e.outgrown = true // its replacement is planned with headroom
-	}
-	if d.refine {
-		e.stats.Refined++
-	}
-	if d.unplaced {
-		e.tighten = true
-		e.superseded = append(e.superseded, e.policy.key)
-	}
-	if d.adopt {
-		e.policy = e.cache.get(key, e.cfg.detect.MaxMemoryDelta)
-		e.det.Adopt()
-		r.CacheHit = true
-		e.stats.CacheHits++
-	}
-	if d.expect != nil {
-		if p := e.cache.get(*d.expect, e.cfg.detect.MaxMemoryDelta); p != nil && p != e.policy {
-			e.policy, e.expected = p, p
-			e.stats.Expected++
-		}
-	}
-	exchange := d.plan && e.exchanges()
-	if exchange && e.adoptShared(key, d.adoptPlanned, &r) {
-		d.plan = false
-	}
-	if d.plan {
+	ready := e.ctl.End(obs)
+	e.carryOut(ready, key, &r)
+	if ready.Plan != nil {
 		it.detail.TimeMS = float64(end-it.start) / 1e6
 		e.tm.measure(len(it.detail.Ops))
-		pol, pr, err := e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
-		for try := 0; err != nil && e.tighten && try < maxTightenTries && e.closerFit(err); try++ {
-			pol, pr, err = e.plan(ctx, it.detail, it.hostRecompute, it.ord, key)
-		}
-		e.tm.planned(pol, pr)
-		if err == nil && pr.Exec != nil {
-			pol.simulated(pr.Exec)
-		}
-		r.Plan = pr
-		e.life.planned(err == nil)
-		if err != nil {
-			// Not again for this sequence: the forced swap-outs of the
-			// executor keep its iterations under the limit meanwhile.
-			r.PlanError = err
-			e.stats.Infeasible++
-			// A replacement for placement that found no plan: the policy
-			// in force stays, in the cache too, and later plans aim where
-			// it did.
-			if e.tighten && e.policy != nil {
-				e.placeFit = e.fitBefore
-				e.unplacedKey, e.unplacedSet = e.policy.key, true
-			}
-			e.tighten, e.superseded = false, e.superseded[:0]
-			e.cfg.logger.Debug("chameleon: no policy", "iteration", it.index, "err", err)
-		} else {
-			e.policy = pol
-			// Times measured while forced evictions shared the device
-			// with the kernels: planned again once it runs without them.
-			pol.disturbed = pr.Measured && it.evictions > 0
-			// A tighter plan takes the place of those replaced for
-			// placement, in the cache and any policy file.
-			for _, k := range e.superseded {
-				if k != pol.key {
-					e.cache.drop(k)
-				}
-			}
-			e.superseded = e.superseded[:0]
-			e.cache.put(pol)
-			e.outgrown = false
-			r.Planned = true
-			if e.tighten {
-				e.stats.Tightened++ // not a replan: the same sequence, placed
-				e.tighten = false
-			} else {
-				e.stats.Replans++
-			}
-			if d.adoptPlanned {
-				e.det.Adopt()
-			}
-		}
-		if exchange {
-			e.shareOutcome(pol, err)
-		}
+		e.startPlan(ctx, *ready.Plan, e.snapshot(it), e.receives(*ready.Plan))
 	}
+	e.land(ctx, &r)
 	it.span.SetAttributes(attribute.Int("iteration", it.index), attribute.Int("ops", prof.Len),
 		attribute.Int64("swaps_out", it.swapsOut), attribute.Int64("swaps_in", it.swapsIn),
 		attribute.Int64("bytes_out", it.bytesOut), attribute.Int64("on_demand_in", it.onDemand),
@@ -481,6 +396,39 @@ func (it *Iteration) End() Result {
 	e.tm.end()
 	e.stats.Iterations++
 	return r
+}
+
+// carryOut does what the controller decided at the end of an iteration,
+// before any plan it asked for.
+func (e *Engine) carryOut(d controller.Ready, key policyKey, r *Result) {
+	if d.Drop {
+		e.setPolicy(nil)
+	}
+	for _, k := range d.Uncache {
+		e.cache.drop(k)
+	}
+	if d.Stale {
+		e.stats.StaleDrops++
+	}
+	if d.Outgrown {
+		e.stats.Outgrown++
+	}
+	if d.Refine {
+		e.stats.Refined++
+	}
+	if d.Adopt {
+		e.setPolicy(e.cache.get(key, e.cfg.detect.MaxMemoryDelta))
+		e.det.Adopt()
+		r.CacheHit = true
+		e.stats.CacheHits++
+	}
+	if d.Expect != nil {
+		if p := e.cache.get(*d.Expect, e.cfg.detect.MaxMemoryDelta); p != nil && p != e.policy {
+			e.setPolicy(p)
+			e.ctl.Expected(p.id)
+			e.stats.Expected++
+		}
+	}
 }
 
 // check refuses an op the iteration cannot run: after Close, a second

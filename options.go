@@ -39,25 +39,27 @@ type Planner = plan.Planner
 type PlannerFunc = plan.PlannerFunc
 
 type config struct {
-	limit       int64
-	noPlace     bool
-	detect      seq.Config
-	detector    Detector
-	match       match.Config
-	groups      int
-	linkBW      float64
-	linkSet     bool
-	planOpts    []plan.Option // stages replaced, in the order given
-	mreOpts     []mre.Option
-	planning    []plan.Option // all of the planning path's settings, made by New
-	logger      *slog.Logger
-	tp          trace.TracerProvider
-	clock       func() time.Time
-	hostReserve int64
-	staleMatch  float64
-	evictLog    *slog.Logger
-	layoutLog   *slog.Logger
-	policyFile  string
+	limit   int64
+	noPlace bool
+	// syncPlanning: End waits for the plans it starts (WithSyncPlanning).
+	syncPlanning bool
+	detect       seq.Config
+	detector     Detector
+	match        match.Config
+	groups       int
+	linkBW       float64
+	linkSet      bool
+	planOpts     []plan.Option // stages replaced, in the order given
+	mreOpts      []mre.Option
+	planning     []plan.Option // all of the planning path's settings, made by New
+	logger       *slog.Logger
+	tp           trace.TracerProvider
+	clock        func() time.Time
+	hostReserve  int64
+	staleMatch   float64
+	evictLog     *slog.Logger
+	layoutLog    *slog.Logger
+	policyFile   string
 	// strictPolicy: a damaged policy file fails New
 	strictPolicy bool
 	ranks        rankConfig // WithRank, WithHostBudget
@@ -66,14 +68,15 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		detect:     seq.DefaultConfig(),
-		match:      engineMatch(),
-		groups:     plan.DefaultGroups,
-		logger:     slog.New(slog.DiscardHandler),
-		tp:         noop.NewTracerProvider(),
-		clock:      time.Now,
-		staleMatch: 0.5,
-		timing:     defaultTiming(),
+		detect:       seq.DefaultConfig(),
+		match:        engineMatch(),
+		groups:       plan.DefaultGroups,
+		logger:       slog.New(slog.DiscardHandler),
+		syncPlanning: syncByDefault,
+		tp:           noop.NewTracerProvider(),
+		clock:        time.Now,
+		staleMatch:   0.5,
+		timing:       defaultTiming(),
 	}
 }
 
@@ -317,6 +320,21 @@ func WithSimulator(s plan.Simulator) Option { return withPlan(plan.WithSimulator
 func withPlan(o plan.Option) Option {
 	return optionFunc(func(c *config) { c.planOpts = append(c.planOpts, o) })
 }
+
+// syncByDefault is WithSyncPlanning's default: off, set by the package's
+// tests (export_test.go) so that each runs the same whatever the machine's
+// speed; the tests of planning off the step turn it off again.
+var syncByDefault = false
+
+// WithSyncPlanning makes End wait for the plan it starts, and for rank 0's
+// broadcast, so that each policy applies from the iteration right after
+// its profile, whatever the machine's speed: reproducible, as a replay or
+// a test needs. The training step then waits for each plan (30-300 ms on
+// the traces of docs/plan.md). Default: off; plans run on the Engine's
+// worker while iterations go on, and a policy applies from the first
+// iteration whose End finds it ready, when its sequence is still the one
+// running.
+func WithSyncPlanning(on bool) Option { return optionFunc(func(c *config) { c.syncPlanning = on }) }
 
 // WithLogger sets the logger (default: discard). Debug records are written
 // for each planning run and policy-cache event.

@@ -2,17 +2,14 @@ package chameleon
 
 import (
 	"context"
-	"errors"
 	"math"
 	"slices"
 	"sort"
 
-	"github.com/samber/lo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/chameleon-go/chameleon/match"
-	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/simulate"
@@ -87,6 +84,8 @@ type policy struct {
 	// layout is where the plan put its blocks (nil: none that fits, or a
 	// policy from a file or another rank).
 	layout *policyLayout
+	// id is its number once put in force (Engine.setPolicy), 0 before.
+	id uint64
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -257,104 +256,12 @@ func (p *policy) reuseFrom(k int32) int {
 	return p.swaps[k].Free
 }
 
-// minPlaceFit is the least share of the limit a plan aims at so that the
-// allocator can place it (Stats.Tightened); placeMargin is taken off each
-// share that would have fit, for the packing's loss grows with the bytes.
-const (
-	minPlaceFit = 0.9
-	placeMargin = 0.99
-)
-
-// planLimit is the limit plans aim at: the limit, less what placement
-// found it needs (placeFit).
-func (e *Engine) planLimit() int64 {
-	if e.placeFit >= 1 {
-		return e.cfg.limit
-	}
-	return int64(float64(e.cfg.limit) * e.placeFit)
-}
-
-// unplaced reports whether the allocator found, since the last look, that
-// the blocks of the policy in force (planned by this Engine) need more
-// pages than the limit holds (it refused to place them, or moves pages
-// each step to), and lowers the share of the limit the next plan aims at to
-// the share of the policy's simulated peak that would have fit: a plan
-// whose peak sat under the limit already must come down from its peak,
-// not from the limit. The share goes no lower than minPlaceFit (taken once
-// where the fit asks for less); it reports false once a plan there was
-// not placed either, or for a policy whose tighter plan found none (see
-// closerFit): best fit serves them then.
-func (e *Engine) unplaced() bool {
-	if e.cfg.noPlace {
-		return false
-	}
-	n, fit := e.alloc.PageShortfalls()
-	if n == e.shortfalls {
-		return false
-	}
-	e.shortfalls = n
-	if e.policy == nil || !e.policy.here {
-		return false // a policy from a file or another rank runs as it came
-	}
-	if !(fit < 1) || e.placeFit <= minPlaceFit || (e.unplacedSet && e.unplacedKey == e.policy.key) {
-		return false
-	}
-	e.fitBefore = e.placeFit
-	e.placeFit = max(min(e.placeFit, e.peakShare())*fit*placeMargin, minPlaceFit)
-	return true
-}
-
-// peakShare is the simulated peak of the policy in force as a share of the
-// limit, 1 where it is not known.
-func (e *Engine) peakShare() float64 {
-	if p := e.policy; p != nil && p.exec != nil && p.exec.Peak > 0 && e.cfg.limit > 0 {
-		return float64(p.exec.Peak) / float64(e.cfg.limit)
-	}
-	return 1
-}
-
-// maxTightenTries bounds the plans a tightening for placement makes
-// again, each at the least share of the limit the last one's error says
-// may be met, before the policy in force stays.
-const maxTightenTries = 2
-
-// feasibleMargin is the room a plan made again after an infeasible one
-// aims above the least share its error says may be met.
-const feasibleMargin = 1.002
-
-// closerFit reports whether a plan aiming lower for placement that found
-// no plan under its limit (err) may find one closer to the policy in
-// force: it sets the share the next plan aims at to the least the error
-// says may be met, with feasibleMargin's room above it, where that is
-// still under the policy's own peak.
-func (e *Engine) closerFit(err error) bool {
-	var ie *mre.InfeasibleError
-	if !errors.As(err, &ie) || e.cfg.limit <= 0 || ie.Shortfall <= 0 {
-		return false
-	}
-	next := float64(ie.Limit+ie.Shortfall) / float64(e.cfg.limit) * feasibleMargin
-	if next <= e.placeFit || next >= e.peakShare() {
-		return false
-	}
-	e.placeFit = next
-	return true
-}
-
-// plan makes the policy for a profiled iteration on the one planning path
-// (plan.Make) with the Engine's settings, and binds it: persistent tensors
-// by handle, activations by their match features.
-func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []bool, ord map[trace.TensorID]uint32, key policyKey) (*policy, *plan.Result, error) {
-	live := lo.KeyBy(e.live, func(t *Tensor) trace.TensorID { return t.id })
-	opts := append(append(append(deviceDefaults(e.dev), e.cfg.planning...), e.tm.planOptions()...), plan.WithObserver(e.spans(ctx)),
-		plan.WithLayout(e.alloc.PageSize(), e.cfg.limit))
-	if slices.Contains(hostRecompute, true) {
-		opts = append(opts, plan.WithRecompute(recomputable(hostRecompute)))
-	}
-	res, err := plan.Make(plan.Input{Iter: it, Limit: e.planLimit(), Growing: e.outgrown,
-		LiveOut: func(id trace.TensorID) bool { return live[id] != nil }}, opts...)
-	if err != nil {
-		return nil, res, err
-	}
+// bind makes the policy of a plan that came back from the worker: its
+// swaps and recomputes bound to this Engine's tensors, persistent ones by
+// handle (those live when the profile ended), activations by their match
+// features.
+func (e *Engine) bind(snap *planSnapshot, res *plan.Result, key policyKey) *policy {
+	it, live, ord := snap.iter, snap.live, snap.ord
 	swaps := slices.Clone(res.Swaps())
 	tensors := make([]plannedTensor, len(swaps))
 	fixed := make([]*Tensor, len(swaps))
@@ -376,8 +283,8 @@ func (e *Engine) plan(ctx context.Context, it *trace.Iteration, hostRecompute []
 	p := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
 	p.here = true
 	p.layout = newPolicyLayout(res.Layout, len(swaps), len(rcs))
-	p.env, p.prof = e.env(), newProfiled(it, hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
-	return p, res, nil
+	p.env, p.prof = e.env(), newProfiled(it, snap.hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
+	return p
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.

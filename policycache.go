@@ -10,25 +10,13 @@ import (
 	"os"
 	"slices"
 
-	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/simulate"
 )
 
-// policyKey is a sequence signature: the hash of its op names in order
-// (stable across processes), its length, and the bytes its ops allocate.
-// Two iterations share a policy when hash and length agree and the bytes
-// are within the detection's memory threshold.
-type policyKey struct {
-	Hash  uint64 `json:"hash"`
-	Ops   int    `json:"ops"`
-	Bytes int64  `json:"bytes"`
-}
-
-// same reports whether two signatures name the same sequence: equal op
-// names in order and, within memDelta, the same allocated bytes.
-func (k policyKey) same(o policyKey, memDelta float64) bool {
-	return k.Hash == o.Hash && k.Ops == o.Ops && seq.RelDelta(float64(k.Bytes), float64(o.Bytes)) <= memDelta
-}
+// policyKey is a sequence signature (controller.Key): two iterations
+// share a policy when it is the same.
+type policyKey = controller.Key
 
 // policyCache keeps the policies of the sequences seen, so a sequence that
 // comes back (dynamic sequence lengths: 2048 -> 1024 -> 2048) reuses its
@@ -41,7 +29,7 @@ func newPolicyCache() *policyCache { return &policyCache{byHash: map[uint64][]*p
 
 func (c *policyCache) get(k policyKey, memDelta float64) *policy {
 	for _, p := range c.byHash[k.Hash] {
-		if k.same(p.key, memDelta) {
+		if k.Same(p.key, memDelta) {
 			return p
 		}
 	}

@@ -395,7 +395,7 @@ func (dc decodeConfig) tensorMax() (int64, string) {
 	return maxTensorBytes, "4 TiB"
 }
 
-func (k policyKey) validate(path string) error {
+func validateKey(k policyKey, path string) error {
 	if k.Ops < 1 || k.Ops > maxOps {
 		return bad(path+".ops", "%d: want 1 to %d", k.Ops, maxOps)
 	}
@@ -408,7 +408,7 @@ func (k policyKey) validate(path string) error {
 // validate checks every field of a policy against the others and the
 // ranges of docs/policy.md.
 func (p *filePolicy) validate(path string, dc decodeConfig) error {
-	if err := p.Key.validate(path + ".key"); err != nil {
+	if err := validateKey(p.Key, path+".key"); err != nil {
 		return err
 	}
 	nops := p.Key.Ops

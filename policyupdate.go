@@ -34,7 +34,7 @@ func (e *Engine) update(p *policy) (*policy, error) {
 	for _, id := range pr.liveOut {
 		liveOut[id] = true
 	}
-	in := plan.Input{Iter: pr.iter, Limit: e.planLimit(), LiveOut: func(id trace.TensorID) bool { return liveOut[id] }}
+	in := plan.Input{Iter: pr.iter, Limit: e.ctl.PlanLimit(), LiveOut: func(id trace.TensorID) bool { return liveOut[id] }}
 	// The profile is another process's (a policy file, another rank): its
 	// tensors are not this Engine's, so no layout is followed, and the
 	// allocator places what it records (Allocator.Repeat) in the room

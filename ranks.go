@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/plan"
 )
 
@@ -253,43 +254,37 @@ func (e *Engine) rankTimeout() time.Duration {
 	return DefaultRankTimeout
 }
 
-// exchanges says whether the plan End is about to make is one the ranks
-// exchange: the Engine has ranks and no policy in force (a policy gone
-// stale is planned again by each rank on its own).
-func (e *Engine) exchanges() bool { return e.cfg.ranks.active() && e.policy == nil }
+// receives says whether a plan the ranks exchange is, on this rank, rank
+// 0's policy to receive: a rank other than 0, with the channel up.
+func (e *Engine) receives(req controller.Request) bool {
+	return req.Exchange && e.cfg.ranks.rank != 0 && e.rank.down == nil
+}
 
-// adoptShared is a rank other than 0 at the plan of a sequence it has no
-// policy for: it takes part in rank 0's broadcast and adopts the policy
-// when it is for key, reporting true. Otherwise (rank 0 had none, or one
-// for another sequence, or the broadcast failed) it reports false and the
-// rank plans on its own.
-func (e *Engine) adoptShared(key policyKey, adoptPlanned bool, r *Result) bool {
+// landShared is a rank other than 0 once rank 0's broadcast came (or
+// failed): it adopts the policy when it is for the sequence planned,
+// otherwise (rank 0 had none, or one for another sequence, or the
+// broadcast failed) it plans on its own, on the worker.
+func (e *Engine) landShared(ctx context.Context, j *planJob, r *Result) {
 	rc := &e.cfg.ranks
-	if rc.rank == 0 {
-		return false
-	}
-	fallback := func(why string, args ...any) bool {
+	key := j.req.Key
+	fallback := func(why string, args ...any) {
 		e.stats.RankFallbacks++
 		e.cfg.logger.Info("chameleon: no policy from rank 0, planning here: "+why, append([]any{"rank", rc.rank}, args...)...)
-		return false
+		e.startPlan(ctx, j.req, j.snap, false)
 	}
-	if e.rank.down != nil {
-		return fallback("the channel is down", "err", e.rank.down)
+	if j.err != nil {
+		e.rank.down = j.err
+		fallback("the broadcast failed", "err", j.err)
+		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.rankTimeout())
-	data, err := rc.ch.Broadcast(ctx, nil)
-	cancel()
+	ps, err := e.decodeShared(j.payload)
 	if err != nil {
-		e.rank.down = err
-		return fallback("the broadcast failed", "err", err)
-	}
-	ps, err := e.decodeShared(data)
-	if err != nil {
-		return fallback("its policy is refused", "err", err)
+		fallback("its policy is refused", "err", err)
+		return
 	}
 	var p *policy
 	for _, q := range ps {
-		if q.key.same(key, e.cfg.detect.MaxMemoryDelta) {
+		if q.key.Same(key, e.cfg.detect.MaxMemoryDelta) {
 			p = q
 			continue
 		}
@@ -297,19 +292,18 @@ func (e *Engine) adoptShared(key policyKey, adoptPlanned bool, r *Result) bool {
 	}
 	if p == nil {
 		if len(ps) == 0 {
-			return fallback("rank 0 found none")
+			fallback("rank 0 found none")
+		} else {
+			fallback("rank 0 planned another sequence", "ops", key.Ops, "rank0_ops", ps[0].key.Ops)
 		}
-		return fallback("rank 0 planned another sequence", "ops", key.Ops, "rank0_ops", ps[0].key.Ops)
+		return
 	}
-	e.policy = p
+	l := e.ctl.Landed(j.req, controller.Result{Shared: true})
 	e.cache.put(p)
 	e.stats.AdoptedPolicies++
 	r.Adopted = true
-	if adoptPlanned {
-		e.det.Adopt()
-	}
+	e.applyLanded(p, l)
 	e.cfg.logger.Debug("chameleon: policy adopted from rank 0", "rank", rc.rank, "swaps", len(p.swaps), "recomputes", len(p.recomputes))
-	return true
 }
 
 // decodeShared makes the policies of a broadcast payload (a policy file),
@@ -341,7 +335,8 @@ func (e *Engine) decodeShared(data []byte) ([]*policy, error) {
 }
 
 // shareOutcome is rank 0 after the plan of a sequence it had no policy
-// for: it broadcasts the policy (pol, when err is nil) or a file of none.
+// for: it broadcasts the policy (pol, when err is nil) or a file of none,
+// on the worker.
 func (e *Engine) shareOutcome(pol *policy, err error) {
 	rc := &e.cfg.ranks
 	if rc.rank != 0 || e.rank.down != nil {
@@ -355,15 +350,28 @@ func (e *Engine) shareOutcome(pol *policy, err error) {
 	if encErr != nil {
 		data, _ = encodeCache(nil) // the others must not wait in vain
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.rankTimeout())
-	_, bErr := rc.ch.Broadcast(ctx, data)
-	cancel()
-	if bErr != nil {
-		e.rank.down = bErr
-		e.cfg.logger.Warn("chameleon: policy broadcast failed; the other ranks plan on their own", "err", bErr)
+	s := &sendJob{shared: len(ps) > 0 && encErr == nil, done: make(chan struct{})}
+	e.sends = append(e.sends, s)
+	timeout, ch := e.rankTimeout(), rc.ch
+	e.workers.Go(func() error {
+		defer close(s.done)
+		ctx, cancel := context.WithTimeout(e.work, timeout)
+		_, s.err = ch.Broadcast(ctx, data)
+		cancel()
+		return nil
+	})
+}
+
+// sent is rank 0 once a broadcast is done.
+func (e *Engine) sent(s *sendJob) {
+	if s.err != nil {
+		if e.rank.down == nil {
+			e.rank.down = s.err
+			e.cfg.logger.Warn("chameleon: policy broadcast failed; the other ranks plan on their own", "err", s.err)
+		}
 		return
 	}
-	if len(ps) > 0 && encErr == nil {
+	if s.shared {
 		e.stats.SharedPolicies++
 	}
 }

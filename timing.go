@@ -240,6 +240,9 @@ type timer struct {
 	since   int
 	sincePl *policy
 	drifted int // samples in a row that drifted
+	// drift: two samples in a row drifted; the next Begin takes it
+	// (takeDrift) and the controller plans again.
+	drift bool
 	// measured is the profiled iteration's per-op compute times (µs) for
 	// the plan being made.
 	measured []float64
@@ -609,9 +612,7 @@ func (tm *timer) readSample(ti *timedIter) error {
 	}
 	if tm.drifted++; tm.drifted >= 2 {
 		tm.drifted = 0
-		tm.e.life.refresh = true // profile the next iteration and plan from it
-		tm.e.stats.DriftReplans++
-		tm.e.cfg.logger.Info("chameleon: layer times drifted from the plan: planning again", "threshold", tm.cfg.drift)
+		tm.drift = true // profile the next iteration and plan from it (takeDrift)
 	}
 	return nil
 }
@@ -701,6 +702,13 @@ func (tm *timer) stats() LinkStats {
 	pick(l.D2H, l.D2HShared, &l.Model.D2H, &l.Model.D2HShared)
 	pick(l.H2D, l.H2DShared, &l.Model.H2D, &l.Model.H2DShared)
 	return l
+}
+
+// takeDrift reports whether the layer times drifted since the last look.
+func (tm *timer) takeDrift() bool {
+	d := tm.drift
+	tm.drift = false
+	return d
 }
 
 // planOptions are the measured times and link for the plan being made.

@@ -29,9 +29,11 @@ type clockNet struct {
 	layers int
 	size   int64
 	cost   func(op int) time.Duration
+	// endTook is the host time the last step's End took.
+	endTook time.Duration
 }
 
-func newClockNet(t *testing.T, layers int, size, limit int64, bw float64, opts ...chameleon.Option) *clockNet {
+func newClockNet(t testing.TB, layers int, size, limit int64, bw float64, opts ...chameleon.Option) *clockNet {
 	t.Helper()
 	dev, err := host.New(limit, host.WithBandwidth(bw, bw), host.WithSleep(func(time.Duration) {}))
 	require.NoError(t, err)
@@ -52,7 +54,7 @@ func (n *clockNet) ops() int { return 2 * n.layers }
 
 // step runs one iteration and returns its result and the compute stream's
 // modeled time from Begin to End.
-func (n *clockNet) step(t *testing.T) (chameleon.Result, time.Duration) {
+func (n *clockNet) step(t testing.TB) (chameleon.Result, time.Duration) {
 	t.Helper()
 	e := n.eng
 	s := e.ComputeStream()
@@ -87,7 +89,9 @@ func (n *clockNet) step(t *testing.T) (chameleon.Result, time.Duration) {
 			In: []*chameleon.Tensor{saved[i]}})
 		require.NoError(t, e.Release(saved[i]))
 	}
+	endAt := time.Now()
 	r := it.End()
+	n.endTook = time.Since(endAt)
 	require.NoError(t, r.Err)
 	require.NoError(t, n.dev.Record(t1, s))
 	require.NoError(t, n.dev.SyncEvent(t1))

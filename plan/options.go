@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -49,6 +50,16 @@ type config struct {
 	page, budget int64
 	noLayout     bool
 	measured     []float64 // per op, µs (WithMeasured)
+	// cancel, when set, stops planning between plans (WithCancel).
+	cancel context.Context
+}
+
+// canceled is why planning stops early: the context of WithCancel is done.
+func (c config) canceled() error {
+	if c.cancel == nil {
+		return nil
+	}
+	return context.Cause(c.cancel)
 }
 
 func (c config) observe(s Stage) func(*Result, error) {
@@ -185,6 +196,11 @@ func WithRecordedCurve() Option { return optionFunc(func(c *config) { c.recorded
 // WithObserver sets a function told of each stage as it starts and ends
 // (default none).
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
+
+// WithCancel stops Make between the plans it tries once ctx is done, with
+// ctx's error: an Engine closing while a plan runs on its worker. The
+// result is the same as without it while ctx is not done.
+func WithCancel(ctx context.Context) Option { return optionFunc(func(c *config) { c.cancel = ctx }) }
 
 // WithRecompute lets the planner drop tensors and make them again by
 // running their producing op once more, where ok marks the op (per op of

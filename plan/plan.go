@@ -181,6 +181,9 @@ func Make(in Input, opts ...Option) (*Result, error) {
 		tiers = []int{100}
 	}
 	planAt := func(limit int64) (*mre.Policy, error) {
+		if err := cfg.canceled(); err != nil {
+			return nil, fmt.Errorf("plan: limit %d bytes: %w", limit, err)
+		}
 		pol, err := cfg.planner.Plan(mre.Input{Model: r.Model, Curve: r.Curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
 			Recomputable: recomputable}, popts...)
 		if err == nil && pol != nil {

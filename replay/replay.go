@@ -375,7 +375,9 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	if cfg.Timing != nil && cfg.Timing.Launch == nil {
 		return nil, errors.New("replay: Timing without a Launch")
 	}
-	opts := append([]chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit)}, cfg.Options...)
+	// A replay plans synchronously (first, so cfg.Options may say
+	// otherwise): its figures are the same on every machine.
+	opts := append([]chameleon.Option{chameleon.WithMemoryLimit(cfg.Limit), chameleon.WithSyncPlanning(true)}, cfg.Options...)
 	if cfg.PolicyFile != "" {
 		opts = append(opts, chameleon.WithPolicyFile(cfg.PolicyFile))
 	}

@@ -52,7 +52,7 @@ func TestRealCUDAInferKeepsOutputs(t *testing.T) {
 	require.NoError(t, err)
 	defer g.Close()
 	kernels := func(device.Stream) (compute.Kernels, error) { return g, nil }
-	cfg := Config{Model: Model{Layers: 8, Width: 1024, FFN: 4096, Vocab: 4096, Sessions: 4, Prompt: 64}, Steps: 16, Seed: 3, MinSwap: 256 << 10}
+	cfg := Config{Model: Model{Layers: 8, Width: 1024, FFN: 4096, Vocab: 4096, Sessions: 4, Prompt: 64}, Steps: 16, Seed: 3, MinSwap: 256 << 10, SyncPlanning: true}
 	free, rep := limitedMatches(t, d, kernels, cfg)
 	t.Logf("peak %d without a limit, %d under %d; %.3f GB in, %.3f GB out; %.1f tokens/s unlimited, %.1f limited",
 		free.Stats.PeakDeviceBytes, rep.Stats.PeakDeviceBytes, rep.Config.Limit, float64(rep.Stats.SwappedInBytes)/1e9,

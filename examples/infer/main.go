@@ -77,20 +77,21 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 func usagef(format string, args ...any) error { return cli.Usagef(format, args...) }
 
 type options struct {
-	device      string
-	limit       string
-	steps       int
-	seed        uint64
-	model       Model
-	hints       bool
-	minSwap     string
-	hostBW      float64
-	link        float64
-	workers     int
-	tf32        bool
-	arch        string
-	hostReserve string
-	quiet       bool
+	device       string
+	limit        string
+	steps        int
+	seed         uint64
+	model        Model
+	hints        bool
+	minSwap      string
+	hostBW       float64
+	link         float64
+	workers      int
+	tf32         bool
+	arch         string
+	hostReserve  string
+	quiet        bool
+	syncPlanning bool
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -116,6 +117,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.arch, "arch", "compute_90", "cuda: NVRTC --gpu-architecture of the elementwise kernels")
 	fs.StringVar(&o.hostReserve, "host-reserve", "0", "pinned host bytes to reserve up front (0: grow on first need)")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
+	fs.BoolVar(&o.syncPlanning, "sync-planning", false, "each step that ends a profile waits for its plan (chameleon.WithSyncPlanning): the same steps on every machine")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -169,7 +171,7 @@ func run(args []string, out, stderr io.Writer) error {
 	if link == 0 && o.device == "host" && o.hostBW > 0 {
 		link = o.hostBW * 1e9
 	}
-	cfg := Config{Model: m, Steps: o.steps, Seed: o.seed, Hints: o.hints, Link: link, Estimator: b.Est}
+	cfg := Config{Model: m, Steps: o.steps, Seed: o.seed, Hints: o.hints, Link: link, Estimator: b.Est, SyncPlanning: o.syncPlanning}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return err
 	}

@@ -23,7 +23,7 @@ func small() Config {
 	if testing.Short() {
 		steps = 10 // past WARMUP and GEN_POLICY
 	}
-	return Config{Model: Model{Layers: 4, Width: 64, FFN: 128, Vocab: 64, Sessions: 3, Prompt: 4}, Steps: steps, Seed: 5, MinSwap: 1 << 10}
+	return Config{Model: Model{Layers: 4, Width: 64, FFN: 128, Vocab: 64, Sessions: 3, Prompt: 4}, Steps: steps, Seed: 5, MinSwap: 1 << 10, SyncPlanning: true}
 }
 
 func hostKernels(d *host.Device) Kernels {

@@ -92,6 +92,10 @@ type Config struct {
 	// MinSwap is the smallest tensor the planner swaps (0: the Engine's
 	// default).
 	MinSwap int64
+	// SyncPlanning: each step that ends a profile waits for its plan
+	// (chameleon.WithSyncPlanning), so that the policy runs from the next
+	// step whatever the machine's speed; default: plans run off the step.
+	SyncPlanning bool
 	// Options are passed to chameleon.New last.
 	Options []chameleon.Option
 	// Progress, when set, gets each round as it ends.
@@ -168,7 +172,7 @@ func Run(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err er
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	opts := backend.EngineOptions(cfg.Limit, cfg.Estimator, cfg.StepMS, cfg.MinSwap, cfg.Link)
+	opts := append(backend.EngineOptions(cfg.Limit, cfg.Estimator, cfg.StepMS, cfg.MinSwap, cfg.Link), chameleon.WithSyncPlanning(cfg.SyncPlanning))
 	eng, err := chameleon.New(dev, append(opts, cfg.Options...)...)
 	if err != nil {
 		return nil, err

@@ -36,7 +36,7 @@ func TestRealCUDALimitKeepsLossBits(t *testing.T) {
 	kernels := func(device.Stream) (compute.Kernels, error) { return g, nil }
 
 	cfg := Config{Model: Model{Layers: 8, Width: 512, FFN: 512, In: 64, Out: 16, TeacherHidden: 128, Batch: 8192},
-		Steps: 20, LR: DefaultLR(512), Momentum: 0.9, Seed: 3, MinSwap: 1 << 20}
+		Steps: 20, LR: DefaultLR(512), Momentum: 0.9, Seed: 3, MinSwap: 1 << 20, SyncPlanning: true}
 	cfg.Limit = cfg.UpperBoundBytes()
 	free, err := Train(d, kernels, cfg)
 	require.NoError(t, err)

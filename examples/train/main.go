@@ -84,6 +84,7 @@ type options struct {
 	tf32          bool
 	pageSize      string
 	placement     bool
+	syncPlanning  bool
 	tiers         string
 	arch          string
 	hostReserve   string
@@ -120,6 +121,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.hostBW, "host-bw", 0, "host backend: model a host link of this many GB/s each way (0: instantaneous copies)")
 	fs.IntVar(&o.workers, "workers", 0, "host backend: goroutines per GEMM (0: GOMAXPROCS)")
 	fs.StringVar(&o.pageSize, "page-size", "", "cuda: bytes of each mapped page, a power of two of at least 2MiB (default: the device's rule for the limit)")
+	fs.BoolVar(&o.syncPlanning, "sync-planning", false, "each step that ends a profile waits for its plan (chameleon.WithSyncPlanning): the same steps on every machine")
 	fs.BoolVar(&o.placement, "placement", true, "serve each device block at the address the allocator planned from the step before, once a policy runs (chameleon.WithPlacement); false: best fit")
 	fs.StringVar(&o.tiers, "tiers", "100", "shares of the limit the Engine plans for in turn, in percent (chameleon.WithTiers, an escape hatch): 100, the Engine's default, plans for the limit, lowered as the plan's layout needs")
 	fs.BoolVar(&o.tf32, "tf32", false, "cuda: let cuBLAS use TF32 tensor cores for the fp32 GEMMs")
@@ -282,6 +284,7 @@ func run(args []string, out, stderr io.Writer) error {
 		cfg.Options = append(cfg.Options, chameleon.WithMeasuredTimes(false))
 	}
 	cfg.Options = append(cfg.Options, chameleon.WithPlacement(o.placement))
+	cfg.SyncPlanning = o.syncPlanning
 	cfg.Options = append(cfg.Options, chameleon.WithTiers(tiers...))
 	var raw *rawRates
 	if o.timing {

@@ -59,6 +59,10 @@ type Config struct {
 	// Recompute hands the Engine each forward op's kernel to run again, so
 	// that it may drop activations and recompute them instead of swapping.
 	Recompute bool
+	// SyncPlanning: each step that ends a profile waits for its plan
+	// (chameleon.WithSyncPlanning), so that the policy runs from the next
+	// step whatever the machine's speed; default: plans run off the step.
+	SyncPlanning bool
 	// Options are passed to chameleon.New last.
 	Options []chameleon.Option
 	// Progress, when set, gets each step as it ends.
@@ -125,7 +129,7 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 	if cfg.Steps < 1 {
 		return nil, fmt.Errorf("steps %d: want at least 1", cfg.Steps)
 	}
-	opts := backend.EngineOptions(cfg.Limit, cfg.Estimator, cfg.StepMS, cfg.MinSwap, cfg.Link)
+	opts := append(backend.EngineOptions(cfg.Limit, cfg.Estimator, cfg.StepMS, cfg.MinSwap, cfg.Link), chameleon.WithSyncPlanning(cfg.SyncPlanning))
 	eng, err := chameleon.New(dev, append(opts, cfg.Options...)...)
 	if err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ func small(t *testing.T) Config {
 	if testing.Short() {
 		steps = 16 // past WARMUP (5) and GEN_POLICY (3): STABLE steps run a policy
 	}
-	return Config{Model: m, Steps: steps, LR: 0.02, Momentum: 0.9, Seed: 7, MinSwap: 4 << 10}
+	return Config{Model: m, Steps: steps, LR: 0.02, Momentum: 0.9, Seed: 7, MinSwap: 4 << 10, SyncPlanning: true}
 }
 
 func hostKernels(d *host.Device) Kernels {

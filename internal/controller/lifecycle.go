@@ -1,4 +1,4 @@
-package chameleon
+package controller
 
 import "github.com/chameleon-go/chameleon/seq"
 
@@ -43,7 +43,7 @@ type lifecycle struct {
 // seqSeen is one sequence signature in the history, with how often it was
 // seen and which one came next.
 type seqSeen struct {
-	key    policyKey
+	key    Key
 	count  int
 	next   int  // index of the sequence that followed it last, -1
 	failed bool // planning found no policy for it: not retried
@@ -64,7 +64,7 @@ func newLifecycle(m int, memDelta, staleMatch float64) lifecycle {
 // profile says whether the coming iteration is profiled in detail. policy
 // says whether one is in force, next is the stage the detector expects,
 // cached whether the cache holds a policy for a signature.
-func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(policyKey) bool) bool {
+func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(Key) bool) bool {
 	if l.refresh {
 		return true
 	}
@@ -90,8 +90,8 @@ func (l *lifecycle) profile(policy bool, next seq.Stage, cached func(policyKey) 
 
 // observation is what an ended iteration showed.
 type observation struct {
-	key     policyKey // its sequence signature
-	changed bool      // the detector declared a change
+	key     Key  // its sequence signature
+	changed bool // the detector declared a change
 	// foreign: the policy in force was applied because its sequence was
 	// expected (decision.expect), and the iteration was another one's.
 	foreign bool
@@ -134,7 +134,7 @@ type decision struct {
 	// latest sequence's last run, when this run is as long. Its cached
 	// policy, if any, is applied to the next iteration in place of the one
 	// in force (and dropped at its end if that turns out another sequence).
-	expect *policyKey
+	expect *Key
 }
 
 // end records an iteration and decides what follows it.
@@ -193,34 +193,19 @@ func (l *lifecycle) end(o observation) decision {
 	return d
 }
 
-// outgrew reports whether an iteration outgrew the policy in force: its
-// allocated bytes above those of the profile the policy was planned from,
-// after growing steadily (rising over the last grownFor iterations in a
-// row: grew counts them), and more forced evictions than a twentieth of
-// the planned swaps (any, for a policy of none). Bytes that move up and
-// down (an MoE step's routing) are not growth: a new plan would not hold
-// the next iteration better.
-func outgrew(bytes, plannedBytes, evictions int64, swaps, grew int) bool {
-	return grew >= grownFor && bytes > plannedBytes && evictions > int64(swaps)/20
-}
-
-// grownFor is how many iterations in a row the bytes must rise before a
-// policy counts as outgrown.
-const grownFor = 3
-
-// planned reports how the planning that end asked for went: a sequence
-// with no feasible policy is not planned again.
-func (l *lifecycle) planned(ok bool) {
-	if !ok && l.last >= 0 {
-		l.seqs[l.last].failed = true
+// planned reports how the planning that end asked for, for k, went: a
+// sequence with no feasible policy is not planned again.
+func (l *lifecycle) planned(k Key, ok bool) {
+	if !ok {
+		l.seqs[l.index(k)].failed = true
 	}
 }
 
 // index finds the history entry of k (the policy cache's rule: same
 // signature, bytes within memDelta) or adds one.
-func (l *lifecycle) index(k policyKey) int {
+func (l *lifecycle) index(k Key) int {
 	for i, s := range l.seqs {
-		if k.same(s.key, l.memDelta) {
+		if k.Same(s.key, l.memDelta) {
 			return i
 		}
 	}
