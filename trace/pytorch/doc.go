@@ -106,4 +106,17 @@
 // state when its first use is in the optimizer phase (exp_avg, exp_avg_sq,
 // step), a parameter when the optimizer reads it or it is at least
 // WithParamMinBytes large (frozen weights, big buffers), else an input.
+//
+// # Views that copy
+//
+// Whether an op aliased its input is read from the storage ids, not from
+// its name: a view (view, transpose, a reshape the strides allow) returns
+// its input's storage, so its output is its input's tensor. An op that
+// returns a storage it was not handed allocated and wrote it: aten::reshape
+// and view_as of strides that allow no view copy through clone. Where the
+// name of such an op reads as a view to the data model's consumers
+// (layer.Classify, which the replay's byte check and mre follow), it is
+// named after the node inside it that allocated the storage (aten::clone),
+// with that node's overload, so that none of them takes it for a view that
+// writes nothing; OpInfo.ETName keeps the Execution Trace's name.
 package pytorch

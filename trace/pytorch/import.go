@@ -65,6 +65,12 @@ type OpInfo struct {
 	NodeID int64 // Execution Trace node id
 	RFID   int64 // record-function id (Kineto "Record function id")
 	Tid    int64 // Execution Trace thread id
+	// ETName is the Execution Trace node's name. The op's Name is the same
+	// except for an op named as a view that copied into a new storage (an
+	// aten::reshape of non-contiguous strides): that op is named after the
+	// node inside it that allocated the copy (aten::clone), see the package
+	// documentation's "Views that copy".
+	ETName string
 	// AutogradNode is the backward function that ran the op
 	// ("MmBackward0"), empty outside backward.
 	AutogradNode string
@@ -175,7 +181,7 @@ func (b *builder) build() (*Result, error) {
 	res := &Result{Schema: b.doc.schema, Ops: make([]OpInfo, len(b.tops))}
 	for k, i := range b.tops {
 		n := nodes[i]
-		res.Ops[k] = OpInfo{NodeID: n.id, RFID: n.rf, Tid: n.tid, AutogradNode: b.info[i].autograd}
+		res.Ops[k] = OpInfo{NodeID: n.id, RFID: n.rf, Tid: n.tid, ETName: n.name, AutogradNode: b.info[i].autograd}
 	}
 	phases := b.phases()
 	if err := b.join(res); err != nil {
@@ -201,6 +207,7 @@ func (b *builder) build() (*Result, error) {
 		it.Ops[k] = op
 	}
 	b.storages(it)
+	b.copies(it)
 	b.memory(it, res)
 	b.window(it, res)
 	res.Trace = &trace.Trace{
