@@ -20,7 +20,12 @@
 //	eng.Release(dead)
 //	res := it.End()
 //
-// host.New (package device/host) makes the pure-Go device, [New] the Engine; ExampleNew
+// host.New (package device/host) makes the pure-Go device, [New] the
+// Engine over a device; [Open] is the same with the device an option
+// ([WithDevice]), and without it opens the first accelerator whose runtime
+// loads (CUDA, then Ascend). [Engine.BeginContext] parents the Engine's
+// spans under the host's own (a service's request, a trainer's step), and
+// [WithLogger] takes what CHAMELEON_DEBUG prints. ExampleNew
 // (go doc -all, or pkg.go.dev) is a whole loop that swaps, and
 // examples/embed in the repository is one that builds and runs as a
 // program.
@@ -39,6 +44,19 @@
 // that lists the tensor, as its documentation says. Handles are never
 // reused: releasing a tensor twice does nothing, and an op that lists a
 // released tensor is an error, however many tensors were made since.
+//
+// # Planning off the step
+//
+// Which policy is in force, and when to profile and plan, is decided by a
+// pure state machine (internal/controller) from what each iteration showed.
+// A plan it asks for runs on the Engine's worker while iterations go on:
+// End never waits for it (nor for a rank's policy broadcast), and the
+// policy is taken at the end of the first iteration after it is ready,
+// applied from the next when its sequence is still the one running (it
+// enters the cache either way). Close cancels planning between the plans
+// it tries and waits for the worker. [WithSyncPlanning] makes End wait, so
+// that each policy applies from the iteration right after its profile
+// whatever the machine's speed, as a replay needs.
 //
 // # Stages
 //

@@ -16,13 +16,6 @@ import (
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// ErrOutOfMemory is returned when a tensor cannot get device memory even
-// after every idle tensor the Engine may move has been swapped out.
-var ErrOutOfMemory = errors.New("chameleon: out of device memory")
-
-// ErrClosed is returned by every call on an Engine after Close.
-var ErrClosed = errors.New("chameleon: engine closed")
-
 // Kind says what a tensor is, and so how the Engine may move it.
 type Kind uint8
 

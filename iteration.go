@@ -2,7 +2,6 @@ package chameleon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -50,22 +49,26 @@ type Iteration struct {
 
 // Begin starts an iteration. The returned Iteration is reused by the
 // Engine: it is valid until End.
-func (e *Engine) Begin() *Iteration {
+func (e *Engine) Begin() *Iteration { return e.BeginContext(context.Background()) }
+
+// BeginContext is Begin under ctx: the iteration's span
+// ("chameleon.execute") and those of the stages it runs, planning on the
+// worker included, are children of ctx's span, so a service's trace shows
+// the Engine's work under its own request or step.
+func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	it := &e.it
 	switch {
 	case e.closed:
-		it.err = ErrClosed
-		return it
+		return &Iteration{eng: e, err: ErrClosed}
 	case it.active:
-		// The iteration under way stays as it is; this one cannot run.
-		it.err = errors.New("chameleon: Begin before the iteration under way ended")
-		return it
+		// The iteration under way goes on untouched; this one runs nothing.
+		return &Iteration{eng: e, err: ErrIterationUnderWay}
 	}
 	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
 		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
-	it.ctx, it.span = e.tracer.Start(context.Background(), "chameleon.execute")
+	it.ctx, it.span = e.tracer.Start(ctx, "chameleon.execute")
 	e.tm.poll(false) // a drifted sample asks for a profile
 	start := controller.Start{Policy: e.policy != nil, Next: e.det.Next(), Drifted: e.tm.takeDrift(), Cached: e.cached}
 	if e.ctl.Drifting(start) {
@@ -333,18 +336,26 @@ func (it *Iteration) End() Result {
 	e := it.eng
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.inOp = false
 	if it.err != nil || !it.active || e.closed {
 		err := it.err
 		switch {
 		case e.closed:
 			err = ErrClosed
 		case err == nil:
-			err = errors.New("chameleon: End without Begin")
+			err = ErrNoIteration
 		}
-		it.err = nil // a Begin twice is reported once; the iteration under way goes on
+		if it == &e.it && it.active && !e.closed {
+			// The iteration under way could not run (Begin failed): it
+			// ends here, its profile dropped; the next Begin starts afresh.
+			it.active, e.inOp = false, false
+			e.enc.Finish()
+			it.span.End()
+			e.tm.end()
+		}
+		it.err = nil
 		return Result{Index: it.index, Err: err}
 	}
+	e.inOp = false
 	it.active = false
 	var settleErr error
 	if e.policy != nil {
@@ -440,7 +451,7 @@ func (it *Iteration) check(op *Op) error {
 	case it.err != nil:
 		return it.err
 	case !it.active:
-		return fmt.Errorf("chameleon: op %d outside Begin and End", it.op)
+		return fmt.Errorf("%w: op %d outside Begin and End", ErrNoIteration, it.op)
 	case op == nil:
 		return fmt.Errorf("chameleon: op %d is nil", it.op)
 	}

@@ -51,3 +51,36 @@ func TestMisuseIsAnError(t *testing.T) {
 	assert.ErrorIs(t, closed.After(&chameleon.Op{Name: "w"}), chameleon.ErrClosed)
 	assert.ErrorIs(t, closed.End().Err, chameleon.ErrClosed)
 }
+
+// TestStrayBeginDoesNotJam: a Begin while an iteration is under way gets
+// an Iteration of its own that runs nothing (ErrIterationUnderWay); the
+// one under way, and every iteration after it, run as if it had not come.
+// An iteration whose End comes without its ops ends all the same.
+func TestStrayBeginDoesNotJam(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	e, err := chameleon.New(dev, chameleon.WithMemoryLimit(256<<10))
+	require.NoError(t, err)
+	defer e.Close()
+	step := func(it *chameleon.Iteration) chameleon.Result {
+		x, err := e.NewTensor(1024, chameleon.Activation, "uint8", []int64{1024})
+		require.NoError(t, err)
+		op := &chameleon.Op{Name: "fill", Out: []*chameleon.Tensor{x}}
+		require.NoError(t, it.Before(op))
+		require.NoError(t, it.After(op))
+		require.NoError(t, e.Release(x))
+		return it.End()
+	}
+	it := e.Begin()
+	stray := e.Begin()
+	assert.ErrorIs(t, stray.Before(&chameleon.Op{Name: "x"}), chameleon.ErrIterationUnderWay)
+	assert.ErrorIs(t, stray.End().Err, chameleon.ErrIterationUnderWay)
+	require.NoError(t, step(it).Err)
+	for i := range 3 {
+		assert.NoError(t, step(e.Begin()).Err, "iteration %d after the stray Begin", i)
+	}
+	assert.ErrorIs(t, e.Begin().End().Err, nil, "an iteration of no op")
+	assert.ErrorIs(t, it.End().Err, chameleon.ErrNoIteration)
+	assert.Equal(t, 5, e.Stats().Iterations)
+}

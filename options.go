@@ -41,6 +41,8 @@ type PlannerFunc = plan.PlannerFunc
 type config struct {
 	limit   int64
 	noPlace bool
+	// device is WithDevice's (Open).
+	device device.Device
 	// syncPlanning: End waits for the plans it starts (WithSyncPlanning).
 	syncPlanning bool
 	detect       seq.Config
