@@ -223,6 +223,9 @@ type Engine struct {
 	onClose []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
+	// restart is the policy of the sequence a policy file saved last,
+	// applied from the first iteration (nil: none).
+	restart *policy
 	// policies numbers the policies put in force (policy.id).
 	policies uint64
 	// job is the plan in flight on the worker (nil: none), sends rank 0's

@@ -69,6 +69,13 @@ func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
 		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
 	it.ctx, it.span = e.tracer.Start(ctx, "chameleon.execute")
+	if p := e.restart; p != nil {
+		// A restarted job: the policy of the sequence saved last runs from
+		// the first iteration, dropped at its end if another sequence came.
+		e.restart = nil
+		e.setPolicy(p)
+		e.ctl.Restarted(p.id)
+	}
 	e.tm.poll(false) // a drifted sample asks for a profile
 	start := controller.Start{Policy: e.policy != nil, Next: e.det.Next(), Drifted: e.tm.takeDrift(), Cached: e.cached}
 	if e.ctl.Drifting(start) {
@@ -429,6 +436,11 @@ func (e *Engine) carryOut(d controller.Ready, key policyKey, r *Result) {
 	}
 	if d.Adopt {
 		e.setPolicy(e.cache.get(key, e.cfg.detect.MaxMemoryDelta))
+		e.det.Adopt()
+		r.CacheHit = true
+		e.stats.CacheHits++
+	}
+	if d.Settle {
 		e.det.Adopt()
 		r.CacheHit = true
 		e.stats.CacheHits++

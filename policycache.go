@@ -82,12 +82,18 @@ func (e *Engine) encodePolicies() ([]byte, error) {
 	slices.SortFunc(ps, func(a, b *policy) int {
 		return cmp.Or(cmp.Compare(a.key.Hash, b.key.Hash), cmp.Compare(a.key.Ops, b.key.Ops), cmp.Compare(a.key.Bytes, b.key.Bytes))
 	})
-	return encodeCache(ps)
+	var last *policyKey
+	if k, ok := e.ctl.Latest(); ok {
+		if p := e.cache.get(k, e.cfg.detect.MaxMemoryDelta); p != nil {
+			last = &p.key
+		}
+	}
+	return encodeCache(ps, last)
 }
 
 // encodeCache is the policy file of ps, in their order.
-func encodeCache(ps []*policy) ([]byte, error) {
-	out := fileCache{Format: policyFormatName, Version: policyVersion, Policies: []filePolicy{}}
+func encodeCache(ps []*policy, last *policyKey) ([]byte, error) {
+	out := fileCache{Format: policyFormatName, Version: policyVersion, Policies: []filePolicy{}, Last: last}
 	for _, p := range ps {
 		out.Policies = append(out.Policies, encodePolicy(p))
 	}
@@ -110,10 +116,11 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 	if err != nil {
 		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
 	}
-	fps, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
+	fc, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
 	if err != nil {
 		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
 	}
+	fps := fc.Policies
 	loaded := make([]*policy, 0, len(fps))
 	for i := range fps {
 		loaded = append(loaded, e.decodePolicy(&fps[i]))
@@ -140,6 +147,10 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 		if p != nil {
 			e.cache.put(p)
 		}
+	}
+	if fc.Last != nil && e.stats.Iterations == 0 && !e.it.active {
+		// Applied from the first iteration (Begin).
+		e.restart = e.cache.get(*fc.Last, e.cfg.detect.MaxMemoryDelta)
 	}
 	return nil
 }

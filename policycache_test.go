@@ -340,6 +340,12 @@ func TestPolicyFileRestart(t *testing.T) {
 
 			again := restartRC(t, tr, c.scale, limit, 1, path, c.recompute, opts...)
 			assert.Equal(t, seq.Warmup.String(), again.Stages[0])
+			// The file names the sequence saved last: its policy runs from
+			// the first iteration, with no forced eviction.
+			require.NotEmpty(t, again.PerIteration)
+			first0 := again.PerIteration[0]
+			assert.Zero(t, first0.Evictions, "the first iteration runs the saved policy")
+			assert.Positive(t, first0.PlannedSwaps+first0.PlannedRecomputes, "the first iteration runs the saved policy")
 			for i, s := range again.Stages[1:] {
 				assert.Equal(t, seq.Stable.String(), s, "iteration %d", i+1)
 			}

@@ -44,6 +44,10 @@ type fileCache struct {
 	Format   string       `json:"format"`
 	Version  int          `json:"version"`
 	Policies []filePolicy `json:"policies"`
+	// Last is the sequence of the saver's latest iteration, when the file
+	// holds its policy: a job restarted from the file applies that policy
+	// from its first iteration.
+	Last *policyKey `json:"last,omitempty"`
 }
 
 type filePolicy struct {
@@ -260,47 +264,57 @@ type decodeConfig struct {
 // decodePolicies reads a policy file (version 2, or version 1 converted)
 // and checks every field. The error names the field: the caller adds the
 // file's name.
-func decodePolicies(data []byte, dc decodeConfig) ([]filePolicy, error) {
+func decodePolicies(data []byte, dc decodeConfig) (fileCache, error) {
+	var none fileCache
 	if len(data) > maxPolicyFileBytes {
-		return nil, fmt.Errorf("%d bytes: larger than the %d bytes a policy file may have", len(data), maxPolicyFileBytes)
+		return none, fmt.Errorf("%d bytes: larger than the %d bytes a policy file may have", len(data), maxPolicyFileBytes)
 	}
 	var probe struct {
 		Format  *string `json:"format"`
 		Version *int    `json:"version"`
 	}
 	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&probe); err != nil {
-		return nil, jsonError(data, err, "not a policy file")
+		return none, jsonError(data, err, "not a policy file")
 	}
 	switch {
 	case probe.Format == nil:
-		return nil, bad("format", "missing: not a policy file")
+		return none, bad("format", "missing: not a policy file")
 	case *probe.Format == policyFormatV1:
 		var v1 fileCacheV1
 		if err := strictDecode(data, &v1); err != nil {
-			return nil, err
+			return none, err
 		}
-		return convertV1(v1, dc)
+		ps, err := convertV1(v1, dc)
+		return fileCache{Policies: ps}, err
 	case *probe.Format != policyFormatName:
-		return nil, bad("format", "%q: not a policy file (want %q)", *probe.Format, policyFormatName)
+		return none, bad("format", "%q: not a policy file (want %q)", *probe.Format, policyFormatName)
 	case probe.Version == nil:
-		return nil, bad("version", "missing")
+		return none, bad("version", "missing")
 	case *probe.Version != policyVersion:
-		return nil, bad("version", "%d: this build reads versions 1 and %d", *probe.Version, policyVersion)
+		return none, bad("version", "%d: this build reads versions 1 and %d", *probe.Version, policyVersion)
 	}
 	var c fileCache
 	if err := strictDecode(data, &c); err != nil {
-		return nil, err
+		return none, err
 	}
 	if len(c.Policies) > maxPolicies {
-		return nil, bad("policies", "%d policies: at most %d", len(c.Policies), maxPolicies)
+		return none, bad("policies", "%d policies: at most %d", len(c.Policies), maxPolicies)
 	}
 	for i := range c.Policies {
 		if err := c.Policies[i].validate(fmt.Sprintf("policies[%d]", i), dc); err != nil {
-			return nil, err
+			return none, err
 		}
 		c.Policies[i].ordered = true
 	}
-	return c.Policies, nil
+	if c.Last != nil {
+		if err := validateKey(*c.Last, "last"); err != nil {
+			return none, err
+		}
+		if !slices.ContainsFunc(c.Policies, func(p filePolicy) bool { return p.Key == *c.Last }) {
+			return none, bad("last", "no policy of the file has this key")
+		}
+	}
+	return c, nil
 }
 
 // strictDecode decodes one JSON value into v: unknown fields and anything

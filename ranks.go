@@ -314,10 +314,11 @@ func (e *Engine) decodeShared(data []byte) ([]*policy, error) {
 	if len(data) > maxPolicyFileBytes {
 		return nil, fmt.Errorf("%d bytes, above the %d a policy file may have", len(data), maxPolicyFileBytes)
 	}
-	fps, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
+	fc, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
 	if err != nil {
 		return nil, err
 	}
+	fps := fc.Policies
 	env, share := e.env(), e.cfg.ranks.hostPlanLimit()
 	out := make([]*policy, 0, len(fps))
 	for i := range fps {
@@ -346,9 +347,9 @@ func (e *Engine) shareOutcome(pol *policy, err error) {
 	if err == nil && pol != nil {
 		ps = []*policy{pol}
 	}
-	data, encErr := encodeCache(ps)
+	data, encErr := encodeCache(ps, nil)
 	if encErr != nil {
-		data, _ = encodeCache(nil) // the others must not wait in vain
+		data, _ = encodeCache(nil, nil) // the others must not wait in vain
 	}
 	s := &sendJob{shared: len(ps) > 0 && encErr == nil, done: make(chan struct{})}
 	e.sends = append(e.sends, s)

@@ -107,6 +107,9 @@ type Ready struct {
 	// Drifted: a drift reported at Start was taken (counted once).
 	Drifted bool
 	Adopt   bool // apply the cached policy for the iteration's key; the detector adopts it
+	// Settle: the policy a restarted job applied from its first iteration
+	// (Restarted) held for it: the detector adopts it.
+	Settle bool
 	// Uncache are keys whose policies leave the cache.
 	Uncache []Key
 	// Expect is the sequence expected next. Its cached policy, if any, is
@@ -178,6 +181,9 @@ type Controller struct {
 	// sequence drops it.
 	expected    uint64
 	expectedSet bool
+	// restart: the policy in force was applied before the first iteration
+	// (Restarted), not yet confirmed by it.
+	restart bool
 	// outgrown: the policy in force was outgrown; the next plan leaves
 	// headroom for growth.
 	outgrown bool
@@ -252,6 +258,10 @@ func (c *Controller) End(o Observation) Ready {
 	if d.drop {
 		c.tighten = false
 	}
+	if c.restart {
+		c.restart = false
+		r.Settle = p != nil && !d.drop && c.expectedSet && p.ID == c.expected
+	}
 	if d.stale {
 		r.Uncache = append(r.Uncache, p.Key)
 	}
@@ -274,6 +284,15 @@ func (c *Controller) End(o Observation) Ready {
 		r.Plan = req
 	}
 	return r
+}
+
+// Restarted says that the policy id, of the sequence a restarted job saved
+// last, is applied from its first iteration, as an expected one: dropped
+// at the end of that iteration if it was another sequence's, settled
+// (Ready.Settle) if not.
+func (c *Controller) Restarted(id uint64) {
+	c.Expected(id)
+	c.restart = true
 }
 
 // Expected acknowledges that the policy id was applied for Ready.Expect.

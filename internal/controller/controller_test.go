@@ -168,3 +168,20 @@ func TestShared(t *testing.T) {
 	assert.True(t, r.Plan.Exchange)
 	assert.Equal(t, Landing{Apply: true}, c.Landed(*r.Plan, Result{Shared: true}))
 }
+
+// TestRestarted: the policy a restarted job applies from its first
+// iteration settles when that iteration is its sequence, and is dropped,
+// the iteration's own cached one adopted, when it is another's.
+func TestRestarted(t *testing.T) {
+	c := newTest()
+	c.Restarted(3)
+	r := c.End(Observation{Key: keyA, Cached: true, Policy: &Policy{ID: 3, Key: keyA, Targets: 4, Matched: 4}})
+	assert.Equal(t, Ready{Settle: true}, r)
+	r = c.End(Observation{Key: keyA, Cached: true, Policy: &Policy{ID: 3, Key: keyA, Targets: 4, Matched: 4}})
+	assert.Equal(t, Ready{}, r, "settled once")
+
+	c = newTest()
+	c.Restarted(3)
+	r = c.End(Observation{Key: keyB, Cached: true, Policy: &Policy{ID: 3, Key: keyA, Targets: 4, Matched: 0}})
+	assert.Equal(t, Ready{Drop: true, Adopt: true}, r)
+}
