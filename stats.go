@@ -1,10 +1,22 @@
 package chameleon
 
-// Stats are the Engine's running totals.
+// Stats are the Engine's running totals, grouped by the job that counts
+// them; each group's fields are promoted, so s.SwapsOut reads as before.
 type Stats struct {
 	Iterations int
-	Replans    int // policies planned from a detailed profile (a replacement for placement: Tightened)
-	CacheHits  int // policies reused from the cache on a sequence seen before
+	PolicyStats
+	ExecStats
+	DeviceStats
+	TimingStats
+	HintStats
+	RankStats
+}
+
+// PolicyStats count what the controller decided: plans, cache hits,
+// replacements.
+type PolicyStats struct {
+	Replans   int // policies planned from a detailed profile (a replacement for placement: Tightened)
+	CacheHits int // policies reused from the cache on a sequence seen before
 	// Expected counts the cached policies applied to an iteration before
 	// it ran, for the sequence expected next (a run as long as its last
 	// one ended: what followed that run).
@@ -28,7 +40,11 @@ type Stats struct {
 	// first profile, with no policy in force: the evictions' copies slow
 	// the kernels they run beside). Once per sequence; each is in Replans.
 	Refined    int
-	Infeasible int   // planning runs that found no plan under the limit
+	Infeasible int // planning runs that found no plan under the limit
+}
+
+// ExecStats count what the executor moved: copies, evictions, recomputes.
+type ExecStats struct {
 	SwapsOut   int64 // copies to the host (planned and on demand)
 	SwapsIn    int64
 	OnDemandIn int64 // copies back issued at the use, not ahead of it
@@ -39,6 +55,16 @@ type Stats struct {
 	SwappedOutBytes int64
 	SwappedInBytes  int64
 	Recomputes      int64 // tensors dropped and made again by running their producer
+	// KeptEvictions counts swap-outs (in SwapsOut) of tensors whose host
+	// copy was still current (parameters, optimizer state, and activations
+	// the plan swaps out again, that no op had written since they came
+	// back): device memory released, nothing copied;
+	// KeptBytes their bytes, which SwappedOutBytes does not count.
+	KeptEvictions, KeptBytes int64
+}
+
+// DeviceStats are the device allocator's and the pinned host pool's.
+type DeviceStats struct {
 	PeakDeviceBytes int64 // highest bytes the allocator handed out
 	// DeviceBytes and HostBytes are what the Engine holds now: device memory
 	// handed out (block-rounded) and pinned host buffers in use.
@@ -54,6 +80,16 @@ type Stats struct {
 	// served at the address planned for them (WithPlacement) and, with a
 	// plan, elsewhere; Placements the plans the allocator made.
 	Placed, Missed, Placements int64
+	// PeakHostBytes is the most pinned host memory in use at once.
+	PeakHostBytes int64
+	// HostAllocs counts the pinned slabs the host pool allocated (each a
+	// cudaHostAlloc on CUDA, slow: it pins the pages): flat once the pool
+	// holds what a policy's swaps need at once.
+	HostAllocs int64
+}
+
+// TimingStats count the timing events read and the plans they led to.
+type TimingStats struct {
 	// DriftReplans counts the times a logical layer's sampled time drifted
 	// from its policy's (WithDriftThreshold) and the Engine planned again;
 	// MeasuredPlans the policies planned on measured layer times;
@@ -61,30 +97,26 @@ type Stats struct {
 	// TimingErrors the device errors that left an iteration's times to the
 	// estimator (each logged as a warning).
 	DriftReplans, MeasuredPlans, TimedIterations, TimingErrors int
-	// KeptEvictions counts swap-outs (in SwapsOut) of tensors whose host
-	// copy was still current (parameters, optimizer state, and activations
-	// the plan swaps out again, that no op had written since they came
-	// back): device memory released, nothing copied;
-	// KeptBytes their bytes, which SwappedOutBytes does not count.
-	KeptEvictions, KeptBytes int64
-	// PeakHostBytes is the most pinned host memory in use at once.
-	PeakHostBytes int64
-	// HostAllocs counts the pinned slabs the host pool allocated (each a
-	// cudaHostAlloc on CUDA, slow: it pins the pages): flat once the pool
-	// holds what a policy's swaps need at once.
-	HostAllocs int64
-	// With WithRank: AdoptedPolicies counts the policies rank 0 planned
-	// that this rank adopted instead of planning, SharedPolicies those rank
-	// 0 broadcast, RankFallbacks the exchanges after which this rank
-	// planned on its own (rank 0 had no policy for its sequence, or the
-	// broadcast failed or timed out).
-	AdoptedPolicies, SharedPolicies, RankFallbacks int
+}
+
+// HintStats count the host's hints (Engine.Evict, Engine.Prefetch).
+type HintStats struct {
 	// HintEvictions counts the tensors Evict moved off the device (copied
 	// or, with a current host copy, released: in SwapsOut either way),
 	// HintEvictedBytes their bytes. HintPrefetches counts the copies back
 	// Prefetch started (in SwapsIn); HintDeferrals the prefetches that
 	// found no free device memory at once and waited for some.
 	HintEvictions, HintEvictedBytes, HintPrefetches, HintDeferrals int64
+}
+
+// RankStats count the exchanges of WithRank.
+type RankStats struct {
+	// With WithRank: AdoptedPolicies counts the policies rank 0 planned
+	// that this rank adopted instead of planning, SharedPolicies those rank
+	// 0 broadcast, RankFallbacks the exchanges after which this rank
+	// planned on its own (rank 0 had no policy for its sequence, or the
+	// broadcast failed or timed out).
+	AdoptedPolicies, SharedPolicies, RankFallbacks int
 }
 
 // Stats returns the running totals.
