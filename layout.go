@@ -243,10 +243,12 @@ func (e *Engine) move(t *Tensor, off int64) (bool, error) {
 	if err := e.dev.CopyD2D(ptr, t.ptr, t.size, e.compute); err != nil {
 		return false, faulted("relocation", t, err, func() error { return e.alloc.Free(ptr) })
 	}
-	if err := e.alloc.FreeOn(t.ptr, e.compute); err != nil {
+	// The old block is the allocator's once FreeOn returns, error or not.
+	old := t.ptr
+	t.ptr = ptr
+	if err := e.alloc.FreeOn(old, e.compute); err != nil {
 		return false, faulted("relocation", t, err)
 	}
-	t.ptr = ptr
 	if off >= 0 {
 		e.stats.Relocated++
 	}

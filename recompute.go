@@ -133,10 +133,12 @@ func (it *Iteration) recompute(p *policy, k int32) error {
 	// Inputs made again only for this go again (the host released them).
 	for _, m := range p.rcRemade[k] {
 		if y := p.rmlive[m].x; y != nil && y.released && y.state == resident {
-			if err := e.alloc.FreeOn(y.ptr, e.compute); err != nil {
+			// The block is the allocator's once FreeOn returns, error or not.
+			ptr := y.ptr
+			y.ptr, y.state = 0, dropped
+			if err := e.alloc.FreeOn(ptr, e.compute); err != nil {
 				return err
 			}
-			y.ptr, y.state = 0, dropped
 		}
 	}
 	return p.finish(e, k)

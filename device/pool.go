@@ -93,6 +93,18 @@ type pool struct {
 	// onWait, when set, is told before and after the waits one allocation
 	// queues on its stream (OnStreamWait).
 	onWait func(s Stream, after bool)
+	// held lists the used blocks freed behind a stream (FreeOn, PutOn)
+	// whose guard event could not be recorded nor the stream waited for:
+	// the pool's own, still in use, until a wait for their stream succeeds
+	// (retryHeld) or they are freed again.
+	held []heldBlock
+}
+
+// heldBlock is a block freed behind the work queued on s that no event
+// guards: it is free once the host has waited for s.
+type heldBlock struct {
+	addr uintptr
+	s    Stream
 }
 
 type ownedEvent struct {
@@ -149,6 +161,7 @@ func (p *pool) close() error {
 		return nil
 	}
 	p.closed = true
+	p.held = nil
 	err := errors.Join(p.destroyEvents(), p.free())
 	if err != nil {
 		return fmt.Errorf("%s: close: %w", p.what, err)
@@ -189,13 +202,83 @@ func (p *pool) putOn(addr uintptr, s Stream) error {
 	if !ok {
 		return fmt.Errorf("%s: free %#x: not an allocated block: %w", what, addr, ErrInvalidValue)
 	}
+	wasHeld := p.unhold(addr)
 	e, err := p.record(s)
 	if err != nil {
-		return fmt.Errorf("%s: free %#x on stream %#x: %w", what, addr, uintptr(s), err)
+		return p.putUnguarded(b, s, wasHeld, err)
 	}
-	p.pl.freed(b, -1)
+	if !wasHeld {
+		p.pl.freed(b, -1)
+	}
 	p.a.give(addr, e, true)
 	return nil
+}
+
+// putUnguarded frees the used block b behind the work queued on s when no
+// event could be made or recorded to guard it (cause): the host waits for
+// s instead, after which no queued work uses the block, and it is free at
+// once. Should that wait fail too, the block is held (p.held) until a later
+// wait for s succeeds: handed out now, a new user could overwrite memory
+// that s's work still reads or writes. Either way the block is the pool's,
+// and the error, which wraps cause, names it. wasHeld: b was held already.
+func (p *pool) putUnguarded(b *block, s Stream, wasHeld bool, cause error) error {
+	addr, size := b.addr, b.size
+	if !wasHeld {
+		p.pl.freed(b, -1)
+	}
+	if err := p.dev.SyncStream(s); err != nil {
+		p.held = append(p.held, heldBlock{addr: addr, s: s})
+		return fmt.Errorf("%s: free block %#x (%d bytes) on stream %#x: record its event: %w; wait for the stream instead: %w (the block is held until the stream can be waited for)",
+			p.what, addr, size, uintptr(s), cause, err)
+	}
+	p.a.give(addr, pend{}, false)
+	return fmt.Errorf("%s: free block %#x (%d bytes) on stream %#x: record its event: %w (waited for the stream instead: the block is free)",
+		p.what, addr, size, uintptr(s), cause)
+}
+
+// unhold takes the block at addr off the held list, reporting whether it
+// was there: a block freed again is freed as the new call says.
+func (p *pool) unhold(addr uintptr) bool {
+	for i, h := range p.held {
+		if h.addr == addr {
+			p.held = append(p.held[:i], p.held[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// retryHeld frees the held blocks whose stream the host can wait for now
+// (once per stream); the others stay held.
+func (p *pool) retryHeld() {
+	type waited struct {
+		s  Stream
+		ok bool
+	}
+	var ws []waited
+	keep := p.held[:0]
+next:
+	for _, h := range p.held {
+		for _, w := range ws {
+			if w.s == h.s {
+				if w.ok {
+					p.a.give(h.addr, pend{}, false)
+				} else {
+					keep = append(keep, h)
+				}
+				continue next
+			}
+		}
+		ok := p.dev.SyncStream(h.s) == nil
+		ws = append(ws, waited{h.s, ok})
+		if ok {
+			p.a.give(h.addr, pend{}, false)
+		} else {
+			keep = append(keep, h)
+		}
+	}
+	clear(p.held[len(keep):])
+	p.held = keep
 }
 
 // destroyEvents releases the pool's events on Close.
@@ -225,6 +308,9 @@ func (p *pool) getAt(size int64, s Stream, at uintptr, strict, aside bool) (*blo
 	}
 	if size <= 0 {
 		return nil, fmt.Errorf("%s: alloc %d bytes: %w", what, size, ErrInvalidValue)
+	}
+	if len(p.held) > 0 {
+		p.retryHeld()
 	}
 	need := p.a.roundUp(size)
 	ready := func(b *block) bool { return p.readyFor(b, s, need) }
@@ -339,7 +425,7 @@ func (p *pool) putFrom(addr uintptr, ev Event, s Stream, hasEv bool, reuse int32
 	if p.closed {
 		return fmt.Errorf("%s: free %#x: %w", what, addr, ErrClosed)
 	}
-	if b, ok := p.a.used[addr]; ok {
+	if b, ok := p.a.used[addr]; ok && !p.unhold(addr) {
 		p.pl.freed(b, reuse)
 	}
 	b, ok := p.a.give(addr, pend{ev: ev, s: s, owned: -1}, hasEv)
@@ -469,6 +555,13 @@ func (a *Allocator) FreeAfter(ptr DevPtr, ev Event, s Stream) error {
 // records an event of its own on s behind that work. This is the cheaper
 // path: a later user on the same stream needs no wait, and frees on one
 // stream collapse to the latest event when blocks coalesce.
+//
+// When no event can be made or recorded, the host waits for s instead and
+// the memory is free at once; should that wait fail too, the allocator
+// holds the memory until a wait for s succeeds (tried on each later
+// request). Either way the memory is the allocator's once FreeOn returns
+// (do not free it again), and the error names the block and wraps the
+// device's.
 func (a *Allocator) FreeOn(ptr DevPtr, s Stream) error {
 	a.p.mu.Lock()
 	defer a.p.mu.Unlock()
@@ -552,7 +645,9 @@ func (h *HostPool) PutAfter(buf HostBuf, ev Event, s Stream) error {
 }
 
 // PutOn gives back a buffer that work queued on s still uses, like
-// Allocator.FreeOn.
+// Allocator.FreeOn: when no event can be recorded the buffer is given back
+// behind a host wait for s (or held until one succeeds), and it is the
+// pool's once PutOn returns, error or not.
 func (h *HostPool) PutOn(buf HostBuf, s Stream) error {
 	h.p.mu.Lock()
 	defer h.p.mu.Unlock()
