@@ -92,7 +92,7 @@ type Engine struct {
 	rank    rankState // WithRank's exchanges
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
-	prefetches []*Tensor
+	prefetches prefetchQueue
 	tm         *timer // timing events and what they measured (timing.go)
 }
 

@@ -1,9 +1,7 @@
 package chameleon
 
 import (
-	"errors"
 	"fmt"
-	"slices"
 )
 
 // Hints from a host that knows the future: an inference server knows which
@@ -72,7 +70,7 @@ func (e *Engine) Prefetch(t *Tensor) error {
 	if err := e.hintState("prefetch", t); err != nil {
 		return err
 	}
-	if t.state != swapped || slices.Contains(e.prefetches, t) {
+	if t.state != swapped || e.prefetches.has(t) {
 		return nil
 	}
 	ok, err := e.swapIn(t, false, -1)
@@ -84,7 +82,7 @@ func (e *Engine) Prefetch(t *Tensor) error {
 		return nil
 	}
 	e.stats.HintDeferrals++
-	e.prefetches = append(e.prefetches, t)
+	e.prefetches.add(t, -1)
 	return nil
 }
 
@@ -110,37 +108,18 @@ func (e *Engine) hintState(what string, t *Tensor) error {
 	return nil
 }
 
-// retryPrefetches starts the waiting prefetches that fit now, in the order
-// they were asked for, and forgets those no longer off the device.
+// retryPrefetches starts the host's waiting prefetches that fit now, in
+// the order they were asked for, and forgets those no longer off the
+// device.
 func (e *Engine) retryPrefetches() error {
-	kept := e.prefetches[:0]
-	var errs []error
-	for i, t := range e.prefetches {
-		if t.released || t.state != swapped {
-			continue
+	return e.prefetches.retry(false, func(q prefetch) (bool, error) {
+		ok, err := e.swapIn(q.t, false, -1)
+		if ok {
+			e.stats.HintPrefetches++
 		}
-		ok, err := e.swapIn(t, false, -1)
-		if err != nil {
-			// Still off the device: it comes back at its use. The rest
-			// are kept for the next try.
-			errs = append(errs, err)
-			kept = append(kept, e.prefetches[i+1:]...)
-			break
-		}
-		if !ok {
-			kept = append(kept, t)
-			continue
-		}
-		e.stats.HintPrefetches++
-	}
-	clear(e.prefetches[len(kept):])
-	e.prefetches = kept
-	return errors.Join(errs...)
+		return ok, err
+	})
 }
 
 // dropPrefetch forgets a waiting prefetch of t.
-func (e *Engine) dropPrefetch(t *Tensor) {
-	if i := slices.Index(e.prefetches, t); i >= 0 {
-		e.prefetches = slices.Delete(e.prefetches, i, i+1)
-	}
-}
+func (e *Engine) dropPrefetch(t *Tensor) { e.prefetches.forget(t) }

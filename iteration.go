@@ -26,8 +26,6 @@ type Iteration struct {
 	detail *trace.Iteration
 	span   oteltrace.Span
 	ctx    context.Context
-	// prefetches that found no free block yet, retried at each op
-	deferred []int32
 	// per-iteration execution counts
 	swapsOut, swapsIn, onDemand int64
 	bytesOut                    int64
@@ -66,8 +64,8 @@ func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 		// The iteration under way goes on untouched; this one runs nothing.
 		return &Iteration{eng: e, err: ErrIterationUnderWay}
 	}
-	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), deferred: it.deferred[:0],
-		hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
+	e.prefetches.endIteration() // the last iteration's planned copies back
+	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
 	it.ctx, it.span = e.tracer.Start(ctx, "chameleon.execute")
 	if p := e.restart; p != nil {
 		// A restarted job: the policy of the sequence saved last runs from
@@ -129,30 +127,14 @@ func (it *Iteration) Before(op *Op) error {
 		t.pin = e.serial
 	}
 	if p := e.policy; p != nil {
-		it.deferred = append(it.deferred, p.inAt[it.op]...)
-		kept := it.deferred[:0]
-		for _, k := range it.deferred {
-			t := p.live[k]
-			if t == nil || t.released || t.state != swapped {
-				continue
+		for _, k := range p.inAt[it.op] {
+			if t := p.live[k]; t != nil {
+				e.prefetches.add(t, k)
 			}
-			t.keepHost = p.keepIn[k]
-			var off int64 = -1
-			if p.layout != nil {
-				off = at(p.layout.in, int(k))
-			}
-			ok, err := e.swapIn(t, false, off)
-			if err != nil {
-				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
-			}
-			if !ok {
-				kept = append(kept, k)
-				it.deferrals++
-				continue
-			}
-			it.swapsIn++
 		}
-		it.deferred = kept
+		if err := e.prefetches.retry(true, func(q prefetch) (bool, error) { return it.prefetch(p, q) }); err != nil {
+			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+		}
 		for _, k := range p.recAt[it.op] {
 			if x := p.rlive[k].x; x != nil && x.state == dropped && !x.released {
 				if err := it.recompute(p, k); err != nil {
@@ -161,10 +143,8 @@ func (it *Iteration) Before(op *Op) error {
 			}
 		}
 	}
-	if len(e.prefetches) > 0 {
-		if err := e.retryPrefetches(); err != nil {
-			return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
-		}
+	if err := e.retryPrefetches(); err != nil {
+		return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 	}
 	if err := it.resident(op, op.In); err != nil {
 		return err
@@ -187,6 +167,27 @@ func (it *Iteration) Before(op *Op) error {
 	return nil
 }
 
+// prefetch starts the policy's copy back q, at its planned place, and
+// counts it, or counts its deferral when no device memory is free yet.
+func (it *Iteration) prefetch(p *policy, q prefetch) (bool, error) {
+	t := q.t
+	t.keepHost = p.keepIn[q.swap]
+	var off int64 = -1
+	if p.layout != nil {
+		off = at(p.layout.in, int(q.swap))
+	}
+	ok, err := it.eng.swapIn(t, false, off)
+	switch {
+	case err != nil:
+	case ok:
+		it.swapsIn++
+	default:
+		it.deferrals++
+	}
+	return ok, err
+}
+
+// resident makes the tensors of op's list ts resident (resident1).
 func (it *Iteration) resident(op *Op, ts []*Tensor) error {
 	e := it.eng
 	for _, t := range ts {
