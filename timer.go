@@ -20,7 +20,7 @@ type mark struct {
 type bracket struct {
 	op    int
 	a, b  device.Event
-	dir   int // copies: 0 D2H, 1 H2D
+	dir   linkDir // copies: which way
 	bytes int64
 	ended bool
 }
@@ -57,7 +57,7 @@ type timer struct {
 	// measured is the profiled iteration's per-op compute times (µs) for
 	// the plan being made.
 	measured []float64
-	link     [4]LinkRate // D2H, H2D, D2HShared, H2DShared
+	link     [linkDirs]LinkRate // per linkDir
 }
 
 func newTimer(e *Engine) *timer {
@@ -222,6 +222,21 @@ func (tm *timer) waitEnd() {
 
 // copyBegin marks the start of a copy on s (the d2h or h2d stream), once
 // the copy's waits are queued; copyEnd, after the copy is queued, its end.
+// linkDir is a way copies go, and whether they shared the link with
+// copies the other way for at least half their time.
+type linkDir uint8
+
+const (
+	d2h linkDir = iota
+	h2d
+	d2hShared
+	h2dShared
+	linkDirs
+)
+
+// shared is the same way, sharing the link.
+func (d linkDir) shared() linkDir { return d + d2hShared }
+
 // copyBegin returns -1 when the copy is not timed.
 func (tm *timer) copyBegin(s device.Stream) int {
 	ti := tm.cur
@@ -232,9 +247,9 @@ func (tm *timer) copyBegin(s device.Stream) int {
 	if !ok {
 		return -1
 	}
-	dir := 0
+	dir := d2h
 	if s == tm.e.h2d {
-		dir = 1
+		dir = h2d
 	}
 	tm.cur.copies = append(tm.cur.copies, bracket{a: ev, dir: dir})
 	return len(tm.cur.copies) - 1
@@ -265,7 +280,7 @@ func (tm *timer) end() {
 
 // stats is the link as measured, and the model the next plan uses.
 func (tm *timer) stats() LinkStats {
-	l := LinkStats{D2H: tm.link[0], H2D: tm.link[1], D2HShared: tm.link[2], H2DShared: tm.link[3]}
+	l := LinkStats{D2H: tm.link[d2h], H2D: tm.link[h2d], D2HShared: tm.link[d2hShared], H2DShared: tm.link[h2dShared]}
 	l.Model = tm.e.cfg.link()
 	if tm.e.cfg.linkSet {
 		return l

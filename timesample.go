@@ -200,7 +200,7 @@ func groupOf(gs []GroupTime, op int) int {
 // alone or shared by whether the other direction copied for most of it.
 func (tm *timer) readCopies(ti *timedIter) {
 	type span struct {
-		dir        int
+		dir        linkDir
 		bytes      int64
 		start, end float64
 	}
@@ -228,7 +228,7 @@ func (tm *timer) readCopies(ti *timedIter) {
 		}
 		k := a.dir
 		if shared >= (a.end-a.start)/2 {
-			k += 2
+			k = k.shared()
 		}
 		r := &tm.link[k]
 		r.Copies++
