@@ -36,6 +36,9 @@ type Engine struct {
 
 	// mu serializes every call: see the package documentation.
 	mu sync.Mutex
+	// cb is the goroutine running an Op.Recompute callback, which holds
+	// mu: its calls back into the Engine are refused, not deadlocked.
+	cb callbackGuard
 	// inOp is set between an op's Before and After: a tensor allocated
 	// meanwhile must not unpin that op's tensors.
 	inOp bool
@@ -194,7 +197,9 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 // Close releases the Engine's streams, events and memory pools. Tensors
 // still held are invalid afterwards.
 func (e *Engine) Close() error {
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	e.closed = true
 	e.waitWork()
@@ -208,8 +213,7 @@ func (e *Engine) Close() error {
 
 // Stage is the stage the next iteration runs in.
 func (e *Engine) Stage() seq.Stage {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.rlock()()
 	return e.det.Next()
 }
 

@@ -24,6 +24,12 @@ var (
 	// limit, even with every idle activation moved (mre.ErrInfeasible;
 	// errors.As with *mre.InfeasibleError says by how much, and where).
 	ErrInfeasible = mre.ErrInfeasible
+	// ErrInCallback is returned by a call into the Engine from inside an
+	// Op.Recompute callback that would change it (NewTensor, Release,
+	// Begin, an op, End, Evict, Prefetch, Fill, Close): the Engine is in
+	// the middle of an op. Reads (Stats, Stage, Link, GroupTimes,
+	// Simulation) are served.
+	ErrInCallback = errors.New("chameleon: call into the Engine from an Op.Recompute callback")
 	// ErrNoDevice is returned by Open when no accelerator runtime could
 	// be loaded; it lists every place tried.
 	ErrNoDevice = errors.New("chameleon: no device")

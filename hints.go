@@ -29,7 +29,9 @@ func (e *Engine) Evict(t *Tensor) error {
 	if err := e.hintable("evict", t); err != nil {
 		return err
 	}
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	if err := e.hintState("evict", t); err != nil {
 		return err
@@ -65,7 +67,9 @@ func (e *Engine) Prefetch(t *Tensor) error {
 	if err := e.hintable("prefetch", t); err != nil {
 		return err
 	}
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	if err := e.hintState("prefetch", t); err != nil {
 		return err

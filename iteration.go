@@ -54,7 +54,9 @@ func (e *Engine) Begin() *Iteration { return e.BeginContext(context.Background()
 // worker included, are children of ctx's span, so a service's trace shows
 // the Engine's work under its own request or step.
 func (e *Engine) BeginContext(ctx context.Context) *Iteration {
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return &Iteration{eng: e, err: err}
+	}
 	defer e.mu.Unlock()
 	it := &e.it
 	switch {
@@ -107,7 +109,9 @@ func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 // this op are started.
 func (it *Iteration) Before(op *Op) error {
 	e := it.eng
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	if err := it.check(op); err != nil {
 		return err
@@ -205,7 +209,9 @@ func (it *Iteration) resident(op *Op, ts []*Tensor) error {
 // After records op and starts the swap-outs the policy schedules after it.
 func (it *Iteration) After(op *Op) error {
 	e := it.eng
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	e.inOp = false
 	if err := it.check(op); err != nil {
@@ -342,7 +348,9 @@ type Result struct {
 // Plan and Simulate the next policy (or adopt a cached one).
 func (it *Iteration) End() Result {
 	e := it.eng
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return Result{Index: it.index, Err: err}
+	}
 	defer e.mu.Unlock()
 	if it.err != nil || !it.active || e.closed {
 		err := it.err

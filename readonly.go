@@ -35,7 +35,9 @@ func (e *Engine) Fill(t *Tensor, src []byte) error {
 	if t.eng != e {
 		return fmt.Errorf("chameleon: fill tensor %d: it belongs to another Engine", t.id)
 	}
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	switch {
 	case e.closed:

@@ -182,7 +182,7 @@ func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn f
 	}
 	x.ptr, x.state = ptr, resident
 	e.tm.waitBegin() // a recompute is the policy's time, not the op's
-	err = fn()
+	err = e.callback(fn)
 	e.tm.waitEnd()
 	if err != nil {
 		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
@@ -361,4 +361,12 @@ func recomputable(host []bool) func(it *trace.Iteration) []bool {
 		}
 		return ok
 	}
+}
+
+// callback runs an Op.Recompute callback, its goroutine's calls back into
+// the Engine refused (callbackGuard), panic or not.
+func (e *Engine) callback(fn func() error) error {
+	e.cb.enter()
+	defer e.cb.leave()
+	return fn()
 }

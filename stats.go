@@ -121,8 +121,7 @@ type RankStats struct {
 
 // Stats returns the running totals.
 func (e *Engine) Stats() Stats {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.rlock()()
 	s := e.stats
 	a := e.alloc.Stats()
 	s.PeakDeviceBytes, s.DeviceBytes = a.PeakAllocated, a.Allocated

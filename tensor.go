@@ -94,7 +94,12 @@ type Op struct {
 	// the RNG state of the moment, which a recompute cannot replay), no
 	// atomics that reorder a reduction, no writes into the inputs. The
 	// Engine keeps the inputs on the device until the recompute has run,
-	// even those the host releases before it.
+	// even those the host releases before it. It runs inside an op's
+	// Before, the Engine locked: it may read the Engine (Stats, Stage,
+	// Link, GroupTimes, Simulation) and the tensors' Ptr, and a call that
+	// would change the Engine (NewTensor, Release, an iteration's calls,
+	// Evict, Prefetch, Fill, Close) returns ErrInCallback. A panic in it
+	// leaves the iteration under way: End it before the next Begin.
 	Recompute func() error
 }
 
@@ -159,7 +164,9 @@ func (t *Tensor) ID() trace.TensorID { return t.id }
 // are allocated by the host right before the op that produces them (listed
 // in its Out); persistent tensors at any time.
 func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (*Tensor, error) {
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return nil, err
+	}
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, ErrClosed
@@ -223,7 +230,9 @@ func (e *Engine) Release(t *Tensor) error {
 	if t.eng != e { // set once, before the host has the handle
 		return fmt.Errorf("chameleon: release tensor %d: it belongs to another Engine", t.id)
 	}
-	e.mu.Lock()
+	if err := e.lock(); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	if t.released {
 		return nil

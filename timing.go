@@ -199,8 +199,7 @@ func newPolicyTiming(pr *plan.Result) *policyTiming {
 // Link reports the host link as the executor's timed copies measured it,
 // and the link the next plan models.
 func (e *Engine) Link() LinkStats {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.rlock()()
 	return e.tm.stats()
 }
 
@@ -209,8 +208,7 @@ func (e *Engine) Link() LinkStats {
 // (WithTimingEvery). A sample whose events are still running is waited for.
 // Nil with no policy, or one not planned by this Engine.
 func (e *Engine) GroupTimes() []GroupTime {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.rlock()()
 	if !e.closed {
 		e.tm.poll(true)
 	}
@@ -236,8 +234,7 @@ type Simulation struct {
 // with no policy, or one whose simulation the Engine does not have (a
 // policy loaded from a file before it planned again).
 func (e *Engine) Simulation() *Simulation {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.rlock()()
 	p := e.policy
 	if p == nil || p.exec == nil {
 		return nil

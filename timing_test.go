@@ -31,6 +31,8 @@ type clockNet struct {
 	cost   func(op int) time.Duration
 	// endTook is the host time the last step's End took.
 	endTook time.Duration
+	// recompute, when set, is each forward op's Op.Recompute.
+	recompute func() error
 }
 
 func newClockNet(t testing.TB, layers int, size, limit int64, bw float64, opts ...chameleon.Option) *clockNet {
@@ -77,7 +79,8 @@ func (n *clockNet) step(t testing.TB) (chameleon.Result, time.Duration) {
 	for i := range n.layers {
 		x, err := e.NewTensor(n.size, chameleon.Activation, "uint8", []int64{n.size})
 		require.NoError(t, err)
-		o := &chameleon.Op{Name: "aten::linear", Module: fmt.Sprintf("layers.%d", i), Phase: trace.PhaseForward, Out: []*chameleon.Tensor{x}}
+		o := &chameleon.Op{Name: "aten::linear", Module: fmt.Sprintf("layers.%d", i), Phase: trace.PhaseForward, Out: []*chameleon.Tensor{x},
+			Recompute: n.recompute}
 		if i > 0 {
 			o.In = []*chameleon.Tensor{saved[i-1]}
 		}
