@@ -11,6 +11,7 @@ import (
 	"github.com/chameleon-go/chameleon/device/host"
 	"github.com/chameleon-go/chameleon/internal/testtraces"
 	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
 )
 
@@ -35,7 +36,7 @@ func TestAscendMargin(t *testing.T) {
 		{"Ascend910B (npu:1)", []chameleon.Option{chameleon.WithPlanOptions(mre.WithSafetyMargin(0))}, 0},
 	} {
 		var planned int
-		planner := chameleon.PlannerFunc(func(in mre.Input, opts ...mre.Option) (*mre.Policy, error) {
+		planner := plan.PlannerFunc(func(in mre.Input, opts ...mre.Option) (*mre.Policy, error) {
 			pol, err := mre.Plan(in, opts...)
 			if err != nil {
 				return pol, err

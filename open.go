@@ -9,11 +9,6 @@ import (
 	"github.com/chameleon-go/chameleon/device/cuda"
 )
 
-// WithDevice is the device Open runs the Engine over (default: the first
-// accelerator whose runtime loads). The caller keeps it: Close does not
-// close it.
-func WithDevice(dev device.Device) Option { return optionFunc(func(c *config) { c.device = dev }) }
-
 // Open returns an Engine over the device of WithDevice or, without it, over
 // the first accelerator whose runtime loads: CUDA (libcudart: the path of
 // CHAMELEON_CUDART, then the CUDA toolkit's and the loader's well-known

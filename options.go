@@ -29,15 +29,6 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// Planner is the Plan stage of the planning path (plan.Planner): it gets
-// the iteration's memory model, curve, op times, logical layers and a
-// limit, with the Engine's planner settings, and returns the swaps with
-// their simulation. The default is mre.Plan.
-type Planner = plan.Planner
-
-// PlannerFunc adapts a function to Planner.
-type PlannerFunc = plan.PlannerFunc
-
 type config struct {
 	limit   int64
 	noPlace bool
@@ -307,13 +298,15 @@ func WithEstimator(e layer.Estimator) Option { return withPlan(plan.WithEstimato
 // its place. Lower tiers only cost recomputes and swaps beyond that.
 func WithTiers(pcts ...int) Option { return withPlan(plan.WithTiers(pcts...)) }
 
-// WithPlanner replaces the Plan stage (default mre.Plan) and nothing else:
-// the memory model, grouping and estimates are made as usual, the planner
-// is called with the Engine's planner settings (WithPlanOptions and the
-// link) once per limit tier (WithTiers; 90%, 95%, then 100% of the limit) until it
-// returns a policy or an error other than mre.ErrInfeasible, and its policy
-// is simulated as the executor will issue it.
-func WithPlanner(p Planner) Option { return withPlan(plan.WithPlanner(p)) }
+// WithPlanner replaces the Plan stage (plan.Planner; default mre.Plan,
+// plan.PlannerFunc adapts a function) and nothing else: the memory model,
+// grouping and estimates are made as usual, the planner gets the
+// iteration's memory model, curve, op times, logical layers and a limit,
+// with the Engine's planner settings (WithPlanOptions and the link), once
+// per limit tried (WithTiers, and the layout's fit) until it returns a
+// policy or an error other than mre.ErrInfeasible, and its policy is
+// simulated as the executor will issue it.
+func WithPlanner(p plan.Planner) Option { return withPlan(plan.WithPlanner(p)) }
 
 // WithSimulator replaces the Simulate stage (default simulate.Run), in the
 // planner's rounds and in the final check.
@@ -322,21 +315,6 @@ func WithSimulator(s plan.Simulator) Option { return withPlan(plan.WithSimulator
 func withPlan(o plan.Option) Option {
 	return optionFunc(func(c *config) { c.planOpts = append(c.planOpts, o) })
 }
-
-// syncByDefault is WithSyncPlanning's default: off, set by the package's
-// tests (export_test.go) so that each runs the same whatever the machine's
-// speed; the tests of planning off the step turn it off again.
-var syncByDefault = false
-
-// WithSyncPlanning makes End wait for the plan it starts, and for rank 0's
-// broadcast, so that each policy applies from the iteration right after
-// its profile, whatever the machine's speed: reproducible, as a replay or
-// a test needs. The training step then waits for each plan (30-300 ms on
-// the traces of docs/plan.md). Default: off; plans run on the Engine's
-// worker while iterations go on, and a policy applies from the first
-// iteration whose End finds it ready, when its sequence is still the one
-// running.
-func WithSyncPlanning(on bool) Option { return optionFunc(func(c *config) { c.syncPlanning = on }) }
 
 // WithLogger sets the logger (default: discard). Debug records are written
 // for each planning run and policy-cache event.
@@ -390,3 +368,44 @@ func WithPolicyFile(path string) Option { return optionFunc(func(c *config) { c.
 // an error from New (default: a warning, and the Engine starts without
 // it). A missing file is still a first run.
 func WithStrictPolicyFile() Option { return optionFunc(func(c *config) { c.strictPolicy = true }) }
+
+// WithMeasuredTimes turns the Engine's timing events on (the default) or
+// off. Off, plans take the estimator's times and the configured link, and
+// nothing is sampled in STABLE. The events time the device's spans between
+// layer boundaries: where the host cannot queue kernels as fast as the
+// device runs them (small kernels, a host-bound step), a span holds the
+// device's idle time too and overstates the layer. A host that knows its
+// kernels' times (a kernel-times file: replay does so) plans better with
+// them and the events off.
+func WithMeasuredTimes(on bool) Option { return optionFunc(func(c *config) { c.timing.off = !on }) }
+
+// WithTimingEvery sets how often, in iterations under a policy, the Engine
+// samples its logical layers' times: the first iteration under a new
+// policy, then every n-th (default DefaultTimingEvery; 0: never).
+func WithTimingEvery(n int) Option { return optionFunc(func(c *config) { c.timing.every = n }) }
+
+// WithDriftThreshold sets the relative change of a logical layer's time,
+// against the time its policy was planned with, that makes the Engine plan
+// again when two samples in a row show it (default DefaultDriftThreshold).
+// Changes under 20 µs are not counted.
+func WithDriftThreshold(f float64) Option { return optionFunc(func(c *config) { c.timing.drift = f }) }
+
+// WithDevice is the device Open runs the Engine over (default: the first
+// accelerator whose runtime loads). The caller keeps it: Close does not
+// close it.
+func WithDevice(dev device.Device) Option { return optionFunc(func(c *config) { c.device = dev }) }
+
+// syncByDefault is WithSyncPlanning's default: off, set by the package's
+// tests (export_test.go) so that each runs the same whatever the machine's
+// speed; the tests of planning off the step turn it off again.
+var syncByDefault = false
+
+// WithSyncPlanning makes End wait for the plan it starts, and for rank 0's
+// broadcast, so that each policy applies from the iteration right after
+// its profile, whatever the machine's speed: reproducible, as a replay or
+// a test needs. The training step then waits for each plan (30-300 ms on
+// the traces of docs/plan.md). Default: off; plans run on the Engine's
+// worker while iterations go on, and a policy applies from the first
+// iteration whose End finds it ready, when its sequence is still the one
+// running.
+func WithSyncPlanning(on bool) Option { return optionFunc(func(c *config) { c.syncPlanning = on }) }

@@ -161,7 +161,7 @@ func TestRanksRankZeroFindsNone(t *testing.T) {
 	tr := testtraces.Read(t, testtraces.Small)
 	const scale = 1024
 	limit := replay.PeakBytes(tr) / scale * 85 / 100
-	refuse := chameleon.PlannerFunc(func(mre.Input, ...mre.Option) (*mre.Policy, error) {
+	refuse := plan.PlannerFunc(func(mre.Input, ...mre.Option) (*mre.Policy, error) {
 		return nil, fmt.Errorf("refused: %w", mre.ErrInfeasible)
 	})
 	start := time.Now()

@@ -72,27 +72,6 @@ func (c timingConfig) validate() error {
 	return nil
 }
 
-// WithMeasuredTimes turns the Engine's timing events on (the default) or
-// off. Off, plans take the estimator's times and the configured link, and
-// nothing is sampled in STABLE. The events time the device's spans between
-// layer boundaries: where the host cannot queue kernels as fast as the
-// device runs them (small kernels, a host-bound step), a span holds the
-// device's idle time too and overstates the layer. A host that knows its
-// kernels' times (a kernel-times file: replay does so) plans better with
-// them and the events off.
-func WithMeasuredTimes(on bool) Option { return optionFunc(func(c *config) { c.timing.off = !on }) }
-
-// WithTimingEvery sets how often, in iterations under a policy, the Engine
-// samples its logical layers' times: the first iteration under a new
-// policy, then every n-th (default DefaultTimingEvery; 0: never).
-func WithTimingEvery(n int) Option { return optionFunc(func(c *config) { c.timing.every = n }) }
-
-// WithDriftThreshold sets the relative change of a logical layer's time,
-// against the time its policy was planned with, that makes the Engine plan
-// again when two samples in a row show it (default DefaultDriftThreshold).
-// Changes under 20 µs are not counted.
-func WithDriftThreshold(f float64) Option { return optionFunc(func(c *config) { c.timing.drift = f }) }
-
 // LinkRate is what the executor's timed copies in one direction moved.
 type LinkRate struct {
 	Copies  int
