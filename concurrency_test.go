@@ -181,3 +181,42 @@ func TestNewTensorInsideOpKeepsItsTensors(t *testing.T) {
 	require.NoError(t, eng.Release(f))
 	assert.Zero(t, eng.Stats().DeviceBytes)
 }
+
+// TestHintsOnTensorsMadeDuringAnOp: a tensor another goroutine makes while
+// an op runs is not the op's: Fill and Evict of it are served at once,
+// while those of the op's own tensors wait for its After.
+func TestHintsOnTensorsMadeDuringAnOp(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(256<<10))
+	require.NoError(t, err)
+	defer eng.Close()
+	a, err := eng.NewTensor(16<<10, chameleon.Persistent, "uint8", nil)
+	require.NoError(t, err)
+	it := eng.Begin()
+	op := chameleon.Op{Name: "mm", In: []*chameleon.Tensor{a}}
+	require.NoError(t, it.Before(&op))
+	errs := make(chan error, 3)
+	go func() {
+		w, err := eng.NewTensor(16<<10, chameleon.Persistent, "uint8", nil)
+		if err != nil {
+			for range 3 {
+				errs <- err
+			}
+			return
+		}
+		errs <- eng.Fill(w, make([]byte, 16<<10))
+		errs <- eng.Evict(w)
+		errs <- eng.Release(w)
+	}()
+	for range 3 {
+		assert.NoError(t, <-errs, "a tensor the op does not list")
+	}
+	assert.ErrorContains(t, eng.Evict(a), "the op under way lists it")
+	assert.ErrorContains(t, eng.Fill(a, make([]byte, 16<<10)), "the op under way lists it")
+	require.NoError(t, it.After(&op))
+	require.NoError(t, it.End().Err)
+	require.NoError(t, eng.Evict(a))
+	require.NoError(t, eng.Release(a))
+}

@@ -36,7 +36,7 @@ func (e *Engine) Evict(t *Tensor) error {
 	if err := e.hintState("evict", t); err != nil {
 		return err
 	}
-	if e.inOp && t.pin == e.serial {
+	if e.inOp && t.listed == e.serial {
 		return fmt.Errorf("chameleon: evict tensor %d: the op under way lists it; evict it after that op's After", t.id)
 	}
 	e.dropPrefetch(t)

@@ -125,10 +125,10 @@ func (it *Iteration) Before(op *Op) error {
 		e.alloc.Tick(it.op)
 	}
 	for _, t := range op.In {
-		t.pin = e.serial
+		t.pin, t.listed = e.serial, e.serial
 	}
 	for _, t := range op.Out {
-		t.pin = e.serial
+		t.pin, t.listed = e.serial, e.serial
 	}
 	if p := e.policy; p != nil {
 		for _, k := range p.inAt[it.op] {

@@ -50,7 +50,7 @@ func (e *Engine) Fill(t *Tensor, src []byte) error {
 		return fmt.Errorf("chameleon: fill tensor %d: %d bytes given for a tensor of %d", t.id, len(src), t.size)
 	case t.kind == Frozen && t.written:
 		return fmt.Errorf("chameleon: fill tensor %d: it is Frozen and its bytes were set already (by Fill or an op): a Frozen tensor is written once", t.id)
-	case e.inOp && t.pin == e.serial:
+	case e.inOp && t.listed == e.serial:
 		return fmt.Errorf("chameleon: fill tensor %d: the op under way lists it; fill between ops", t.id)
 	case t.state == dropped:
 		return fmt.Errorf("chameleon: fill tensor %d: it is dropped", t.id)

@@ -127,16 +127,20 @@ type Tensor struct {
 	// written: a Frozen tensor's bytes were set (Fill, or its first op).
 	written  bool
 	released bool
-	pin      uint64  // op serial during which it must stay resident
-	lastUse  uint64  // op serial of its last use: the eviction order
-	plan     int32   // index of the planned swap it was matched to, -1
-	rc       int32   // index of the planned recompute it was matched to, -1
-	holds    int32   // recomputes still to run that read it: its memory stays
-	remake   int32   // recomputes still to run that make it again: its handle stays
-	rm       int32   // index of the planned remade input it was matched to, -1
-	eng      *Engine // the Engine that made it
-	feat     match.Features
-	slot     int // index in Engine.live
+	pin      uint64 // op serial during which it must stay resident
+	// listed is the op serial of the op that lists it (Before): a hint
+	// waits for that op's After. A tensor made while an op runs, by any
+	// goroutine, is pinned by that op but not listed.
+	listed  uint64
+	lastUse uint64  // op serial of its last use: the eviction order
+	plan    int32   // index of the planned swap it was matched to, -1
+	rc      int32   // index of the planned recompute it was matched to, -1
+	holds   int32   // recomputes still to run that read it: its memory stays
+	remake  int32   // recomputes still to run that make it again: its handle stays
+	rm      int32   // index of the planned remade input it was matched to, -1
+	eng     *Engine // the Engine that made it
+	feat    match.Features
+	slot    int // index in Engine.live
 }
 
 // Ptr is the tensor's device address. Valid inside an op that lists the
