@@ -20,6 +20,9 @@ var (
 	ErrIterationUnderWay = errors.New("chameleon: Begin before the iteration under way ended")
 	// ErrNoIteration is returned by an op or End outside Begin and End.
 	ErrNoIteration = errors.New("chameleon: no iteration under way")
+	// ErrOpUnderWay is returned by a Before, or an End, that comes while
+	// an op's Before has had no After.
+	ErrOpUnderWay = errors.New("chameleon: an op is under way")
 	// ErrInfeasible is in a Result's PlanError when no policy meets the
 	// limit, even with every idle activation moved (mre.ErrInfeasible;
 	// errors.As with *mre.InfeasibleError says by how much, and where).

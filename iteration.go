@@ -116,6 +116,9 @@ func (it *Iteration) Before(op *Op) error {
 	if err := it.check(op); err != nil {
 		return err
 	}
+	if e.inOp {
+		return fmt.Errorf("%w: Before of op %d (%s)", ErrOpUnderWay, it.op, op.Name)
+	}
 	if err := it.checkFrozen(op); err != nil {
 		return err
 	}
@@ -213,10 +216,13 @@ func (it *Iteration) After(op *Op) error {
 		return err
 	}
 	defer e.mu.Unlock()
-	e.inOp = false
 	if err := it.check(op); err != nil {
 		return err
 	}
+	if !e.inOp {
+		return fmt.Errorf("chameleon: After of op %d (%s) without its Before", it.op, op.Name)
+	}
+	e.inOp = false
 	var fresh int64
 	for _, t := range op.Out {
 		if !t.produced {
@@ -352,11 +358,13 @@ func (it *Iteration) End() Result {
 		return Result{Index: it.index, Err: err}
 	}
 	defer e.mu.Unlock()
-	if it.err != nil || !it.active || e.closed {
+	if it.err != nil || !it.active || e.closed || (it == &e.it && e.inOp) {
 		err := it.err
 		switch {
 		case e.closed:
 			err = ErrClosed
+		case err == nil && it.active:
+			err = fmt.Errorf("%w: End before the After of op %d; the iteration ends, its profile dropped", ErrOpUnderWay, it.op)
 		case err == nil:
 			err = ErrNoIteration
 		}

@@ -84,3 +84,40 @@ func TestStrayBeginDoesNotJam(t *testing.T) {
 	assert.ErrorIs(t, it.End().Err, chameleon.ErrNoIteration)
 	assert.Equal(t, 5, e.Stats().Iterations)
 }
+
+// TestOpMisuseIsRefused: an op's calls out of order, a release of a tensor
+// the op under way lists, a kind or shape that means nothing: each is an
+// error that says what, and the loop goes on.
+func TestOpMisuseIsRefused(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	e, err := chameleon.New(dev, chameleon.WithMemoryLimit(256<<10))
+	require.NoError(t, err)
+	defer e.Close()
+	_, err = e.NewTensor(1024, chameleon.Kind(200), "uint8", nil)
+	assert.ErrorContains(t, err, "kind 200")
+	_, err = e.NewTensor(1024, chameleon.Activation, "uint8", []int64{4, -256})
+	assert.ErrorContains(t, err, "dimension 1 is negative")
+
+	x, err := e.NewTensor(1024, chameleon.Activation, "uint8", []int64{1024})
+	require.NoError(t, err)
+	op := &chameleon.Op{Name: "relu", In: []*chameleon.Tensor{x}}
+	it := e.Begin()
+	assert.ErrorContains(t, it.After(op), "without its Before")
+	require.NoError(t, it.Before(op))
+	assert.ErrorIs(t, it.Before(op), chameleon.ErrOpUnderWay, "Before twice")
+	assert.ErrorContains(t, e.Release(x), "the op under way lists it")
+	require.NoError(t, it.After(op))
+	require.NoError(t, it.End().Err)
+
+	// End in the middle of an op ends the iteration, refused.
+	it = e.Begin()
+	require.NoError(t, it.Before(op))
+	assert.ErrorIs(t, it.End().Err, chameleon.ErrOpUnderWay)
+	it = e.Begin()
+	require.NoError(t, it.Before(op), "the next iteration runs")
+	require.NoError(t, it.After(op))
+	require.NoError(t, it.End().Err)
+	require.NoError(t, e.Release(x))
+}

@@ -175,6 +175,14 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	if e.closed {
 		return nil, ErrClosed
 	}
+	if kind > Frozen {
+		return nil, fmt.Errorf("chameleon: new tensor of %d bytes: kind %d is none of Activation, Persistent, OptimizerState, Frozen", size, kind)
+	}
+	for i, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("chameleon: new tensor of %d bytes: shape %v: dimension %d is negative", size, shape, i)
+		}
+	}
 	if size <= 0 || size > e.cfg.limit {
 		// Larger than the limit can never be resident; refusing it here
 		// also keeps the allocator's block rounding from overflowing.
@@ -243,6 +251,9 @@ func (e *Engine) Release(t *Tensor) error {
 	}
 	if e.closed {
 		return ErrClosed
+	}
+	if e.inOp && t.listed == e.serial {
+		return fmt.Errorf("chameleon: release tensor %d: the op under way lists it; release it after that op's After", t.id)
 	}
 	t.released = true
 	e.liveB -= t.size
