@@ -554,6 +554,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 	if r.timing != nil {
 		start = time.Now()
 	}
+	outBefore := e.Stats().SwappedOutBytes
 	x := e.Begin()
 	var begun float64
 	if r.timing != nil {
@@ -663,9 +664,12 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 	}
 	res := x.End()
 	r.rep.Results = append(r.rep.Results, res)
+	// Every byte copied out in the iteration, forced evictions too, as the
+	// run's total counts them (Stats.SwappedOutBytes).
+	swapped := e.Stats().SwappedOutBytes - outBefore
 	ir := IterationReport{Round: r.round, Iter: it.Index, Stage: res.Stage.String(),
 		PlannedSwaps: res.SwapsOut, PlannedRecomputes: res.Recomputes, OnDemandSwapIns: res.OnDemand, Evictions: res.Evictions,
-		DeferredPrefetches: res.Deferrals, SwappedBytes: res.BytesOut, SimulatedMS: res.SimulatedMS, Held: held}
+		DeferredPrefetches: res.Deferrals, SwappedBytes: swapped, SimulatedMS: res.SimulatedMS, Held: held}
 	if r.timing != nil {
 		ir.OpTimes, ir.KernelMS, ir.UnlimitedMS, ir.MeasuredMS = r.bases[k], sum(r.times[k])/1000, r.unlimited[k], measured
 		ir.IssuedMS, ir.BeginMS = issued, begun

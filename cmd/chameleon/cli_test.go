@@ -78,6 +78,8 @@ func TestFlagsCheckedBeforeWork(t *testing.T) {
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--page", "3MiB"}, "--page"},
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--grouping", "x"}, "--grouping"},
 		{[]string{"plan", "--trace", missing, "--limit", "80%", "--bandwidth", "-1GB/s"}, "--bandwidth"},
+		{[]string{"plan", "--trace", missing, "--limit", "80%", "--bandwidth", "55"}, "did you mean 55GB/s (55e9)?"},
+		{[]string{"plan", "--trace", missing, "--limit", "80%", "--bandwidth", "400Gb/s"}, "give bytes per second: 50GB/s"},
 		{[]string{"detect", "--trace", missing, "--rounds", "0"}, "--rounds 0"},
 		{[]string{"replay", "--trace", missing, "--rounds", "0"}, "--rounds 0"},
 		{[]string{"replay", "--trace", missing, "--scale", "0"}, "--scale 0"},
@@ -140,7 +142,8 @@ func TestSameDefaults(t *testing.T) {
 }
 
 // Every command's --json output: one object, the same formatting, the
-// schema fields first, the trace as given; plan says which files it wrote.
+// schema fields first (schema, command, trace, in that order), the trace
+// as given; plan says which files it wrote.
 func TestJSONOutputs(t *testing.T) {
 	dir := t.TempDir()
 	png := filepath.Join(dir, "mem.png")
@@ -153,7 +156,7 @@ func TestJSONOutputs(t *testing.T) {
 	for c, args := range runs {
 		var out, errb bytes.Buffer
 		require.Equal(t, 0, runMain(args, &out, &errb), "%s: %s", c, errb.String())
-		assert.True(t, strings.HasPrefix(out.String(), "{\n  \"schema\": 1,\n  \"command\": \""+c+"\",\n"), "%s: %.80s", c, out.String())
+		assert.True(t, strings.HasPrefix(out.String(), "{\n  \"schema\": 1,\n  \"command\": \""+c+"\",\n  \"trace\": "), "%s: %.120s", c, out.String())
 		var rep map[string]any
 		dec := json.NewDecoder(&out)
 		require.NoError(t, dec.Decode(&rep), c)

@@ -317,8 +317,11 @@ func pickIter(iter, n int) (int, error) {
 // replayJSON is replay's --json output: the replay's report with the
 // schema fields every command's output starts with.
 type replayJSON struct {
-	Schema   int    `json:"schema"`
-	Command  string `json:"command"`
+	Schema  int    `json:"schema"`
+	Command string `json:"command"`
+	// Trace is the report's, here so that it comes third, as in every
+	// command's output (the report's own is hidden behind it).
+	Trace    string `json:"trace"`
 	TimeBase string `json:"time_base"`
 	*replay.Report
 }

@@ -9,7 +9,8 @@
 //
 // Every command takes -h. A limit is a share of the peak in (0%, 100%] or
 // bytes with a unit (12GiB, 12GB, 12e9B). Exit status: 0 done, 1 the work
-// failed, 2 a bad command line. --json output is documented in docs/json.md.
+// failed (plan: also a limit no plan meets, after its report, --json too),
+// 2 a bad command line. --json output is documented in docs/json.md.
 //
 // Install: go install github.com/chameleon-go/chameleon/cmd/chameleon@latest
 package main

@@ -13,8 +13,6 @@ import (
 	"github.com/samber/lo"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/chameleon-go/chameleon"
-
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/mre"
@@ -158,8 +156,14 @@ type planReport struct {
 	OverheadPctBoundRecompute *float64   `json:"overhead_pct_bound_recompute,omitempty"`
 	Feasible                  bool       `json:"feasible"`
 	Shortfall                 *shortfall `json:"shortfall,omitempty"`
-	BytesOut                  int64      `json:"bytes_d2h"`
-	BytesIn                   int64      `json:"bytes_h2d"`
+	// Error says why no plan was made when the limit cannot be met
+	// (Feasible false), and LowestFeasible is the lowest limit a plan
+	// meets, in bytes and in percent of PeakBytesBefore; absent otherwise.
+	Error               string  `json:"error,omitempty"`
+	LowestFeasibleBytes int64   `json:"lowest_feasible_limit_bytes,omitempty"`
+	LowestFeasiblePct   float64 `json:"lowest_feasible_limit_pct,omitempty"`
+	BytesOut            int64   `json:"bytes_d2h"`
+	BytesIn             int64   `json:"bytes_h2d"`
 	// BytesReleased is the bytes of swaps that copy nothing out (their
 	// host copy is current: "d2h": false), released on the device.
 	BytesReleased int64 `json:"bytes_released"`
@@ -183,6 +187,15 @@ type planReport struct {
 	policy *mre.Policy
 	sim    *simulate.Result // the policy as the executor issues it
 	names  []string
+
+	// When the limit cannot be met: what was planned (in.Limit the
+	// limit), the curve kept under it, the planner's shortfall, the op
+	// index of Shortfall.Op, and whether recomputes were allowed.
+	in         plan.Input
+	curve      []int64
+	infeasible *mre.InfeasibleError
+	shortAt    int
+	recompute  bool
 }
 
 type shortfall struct {
@@ -202,7 +215,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	path := tf.path
 	iter := iterFlag(fs)
 	limit := fs.String("limit", "", "memory limit: a share of the iteration's recorded peak in (0%, 100%] (70%), or bytes with a unit (12GiB, 12GB, 12e9B)")
-	bw := fs.String("bandwidth", "55GB/s", "host link rate, one direction alone; congestion keeps the measured H200 ratios")
+	bw := fs.String("bandwidth", "55GB/s", "host link rate, one direction alone, in "+bandwidthHelp+"; congestion keeps the measured H200 ratios")
 	est := fs.String("estimator", defaultEstimator, "op-time estimator: "+strings.Join(estimatorNames(), ", "))
 	groups := groupsFlag(fs)
 	grouping := fs.String("grouping", "uniform", "logical layers: uniform (equal op counts, as the Engine groups) or discovered (the repeating block)")
@@ -215,8 +228,8 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	page := fs.String("page", "", "the page the layout counts in, a power of two with a unit (2MiB); default CUDA's for the limit, 2 to 16 MiB")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*); replaces --grouping and --groups")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 100, the limit alone, lowered by the layout as needed); an escape hatch")
-	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); an infeasible limit prints feasible:false with the shortfall and exits 0")
-	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png)")
+	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); a limit no plan meets prints feasible:false with the error, the shortfall and the lowest feasible limit, and exits 1")
+	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png); for a limit no plan meets, the curve, the limit and the lowest feasible limit")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
 	if err := parseArgs(fs, args); err != nil {
 		return err
@@ -245,12 +258,15 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if shown < 0 {
 		shown = cfg.iter
 	}
-	fmt.Fprintf(stderr, "planning iteration %d of %s (time base: %s)\n", shown, *path, cfg.timeBase)
+	fmt.Fprintf(stderr, "planning iteration %d of %s (time base: %s; link %s each way alone)\n", shown, *path, cfg.timeBase, rateString(cfg.bandwidth))
 	rep, err := planTrace(tr, cfg)
-	if err != nil && !(*asJSON && errors.Is(err, mre.ErrInfeasible)) {
+	if err != nil && (rep == nil || rep.infeasible == nil) {
 		return err
 	}
 	rep.Schema, rep.Command, rep.Trace = schemaVersion, "plan", *path
+	if err != nil {
+		return planInfeasible(stdout, stderr, rep, cfg, *asJSON, *plotPath, *perfetto)
+	}
 	if *plotPath != "" && rep.policy != nil {
 		if err := plotPlan(*plotPath, rep); err != nil {
 			return fmt.Errorf("--plot: %w", err)
@@ -398,6 +414,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 			rep.PeakBytesAfter = peak
 			rep.IterationMSSim = rep.IterationMSBase
 			rep.Swaps, rep.Recomputes = []simulate.Swap{}, []simulate.Recompute{}
+			rep.in, rep.curve, rep.infeasible, rep.shortAt, rep.recompute = in, res.Curve, ie, ie.Op, cfg.recompute
 		}
 		return rep, fmt.Errorf("iteration %d: %w", k, err)
 	}
@@ -447,7 +464,11 @@ func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "limit %s, peak %s (%s curve), %d logical layers\n", fmtBytes(r.LimitBytes), fmtBytes(r.PeakBytesBefore), r.Curve, r.Groups)
 	fmt.Fprintf(w, "time base: %s; %s\n", r.TimeBase, r.GroupsNote)
 	if !r.Feasible {
-		fmt.Fprintf(w, "infeasible: %s over the limit at op %d\n", fmtBytes(r.Shortfall.Bytes), r.Shortfall.Op)
+		fmt.Fprintf(w, "infeasible %s: %s over the limit at op %d with every idle tensor %s\n", movedBy(r.recompute), fmtBytes(r.Shortfall.Bytes), r.Shortfall.Op,
+			lo.Ternary(r.recompute, "swapped or recomputed", "swapped"))
+		if r.LowestFeasibleBytes > 0 {
+			fmt.Fprintf(w, "lowest feasible limit: %s (%.1f%% of the peak): --limit %s\n", fmtBytes(r.LowestFeasibleBytes), r.LowestFeasiblePct, limitAtLeast(r.LowestFeasiblePct))
+		}
 		return
 	}
 	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)\n", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
@@ -477,15 +498,3 @@ func printPlan(w io.Writer, r *planReport) {
 }
 
 func fmtBytes(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
-
-// parseBandwidth reads "55GB/s" (bytes per second; "/s" optional).
-func parseBandwidth(s string) (float64, error) {
-	v, err := chameleon.ParseBytes(strings.TrimSuffix(strings.TrimSpace(s), "/s"))
-	if err != nil {
-		return 0, err
-	}
-	if v <= 0 {
-		return 0, fmt.Errorf("bandwidth must be positive: %q", s)
-	}
-	return float64(v), nil
-}

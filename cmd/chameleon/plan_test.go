@@ -577,32 +577,98 @@ func TestPlanJSON(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// A limit no plan meets: exit 1 in text and in --json, the lowest limit a
+// plan meets in GiB and as a share of the peak (and a plan is made there),
+// "by swapping and recomputing" with recomputes, the JSON object with the
+// error, and --plot drawn from the curve while --perfetto says it wrote
+// nothing.
 func TestPlanInfeasible(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := runMain([]string{"plan", "--trace", bundled, "--limit", "10%"}, &out, &errb)
+	code := runMain([]string{"plan", "--trace", bundled, "--limit", "10%", "--recompute=false"}, &out, &errb)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errb.String(), mre.ErrInfeasible.Error())
+	assert.Contains(t, errb.String(), "cannot be met by swapping: ")
 	assert.Contains(t, errb.String(), "at op")
+	assert.Regexp(t, `the lowest feasible limit is \d+\.\d\d GiB \(7\d\.\d% of the peak\): --limit 7\d%`, errb.String())
+	assert.Contains(t, out.String(), "lowest feasible limit: ", "the report says it too")
 
+	dir := t.TempDir()
+	png, tl := filepath.Join(dir, "mem.png"), filepath.Join(dir, "tl.json")
 	out.Reset()
-	code = runMain([]string{"plan", "--trace", bundled, "--limit", "10%", "--json"}, &out, &errb)
-	require.Equal(t, 0, code)
+	errb.Reset()
+	code = runMain([]string{"plan", "--trace", bundled, "--limit", "10%", "--json", "--plot", png, "--perfetto", tl}, &out, &errb)
+	require.Equal(t, 1, code, errb.String())
+	assert.Contains(t, errb.String(), "cannot be met by swapping and recomputing")
 	var got struct {
-		Feasible  bool
-		Shortfall struct{ Op, Bytes int64 }
+		Command     string
+		Feasible    bool
+		Shortfall   struct{ Op, Bytes int64 }
+		LimitBytes  int64   `json:"limit_bytes"`
+		PeakBytes   int64   `json:"peak_bytes_before"`
+		Error       string  `json:"error"`
+		LowestBytes int64   `json:"lowest_feasible_limit_bytes"`
+		LowestPct   float64 `json:"lowest_feasible_limit_pct"`
 	}
-	require.NoError(t, json.Unmarshal(out.Bytes(), &got))
+	require.NoError(t, json.Unmarshal(out.Bytes(), &got), out.String())
+	assert.Equal(t, "plan", got.Command)
 	assert.False(t, got.Feasible)
 	assert.Positive(t, got.Shortfall.Bytes)
+	assert.Contains(t, got.Error, "cannot be met by swapping and recomputing")
+	assert.Contains(t, got.Error, "lowest feasible limit")
+	assert.Equal(t, got.LimitBytes+got.Shortfall.Bytes, got.LowestBytes, "the limit plus the shortfall of swaps alone")
+	assert.InDelta(t, 100*float64(got.LowestBytes)/float64(got.PeakBytes), got.LowestPct, 0.01)
+	st, err := os.Stat(png)
+	require.NoError(t, err, "--plot draws the curve and the limits")
+	assert.Positive(t, st.Size())
+	assert.Contains(t, errb.String(), "wrote "+png)
+	assert.Contains(t, errb.String(), "--perfetto: no file written")
+	_, err = os.Stat(tl)
+	assert.True(t, os.IsNotExist(err), "no timeline without a plan")
+
+	// At the lowest feasible limit a plan is made; just under it, none.
+	for _, c := range []struct {
+		limit int64
+		code  int
+	}{{got.LowestBytes, 0}, {got.LowestBytes - 1<<20, 1}} {
+		out.Reset()
+		errb.Reset()
+		code := runMain([]string{"plan", "--trace", bundled, "--limit", fmt.Sprintf("%dB", c.limit), "--layout=false"}, &out, &errb)
+		assert.Equal(t, c.code, code, "--limit %dB: %s", c.limit, errb.String())
+	}
 }
 
-// The limit parser itself is tested with chameleon.ParseLimit.
+// --bandwidth takes bytes per second with a unit, or a bare number of at
+// least 1e6; it refuses a bare 55 (55 B/s) and a rate in bits.
 func TestParseBandwidth(t *testing.T) {
-	bw, err := parseBandwidth("55GB/s")
-	require.NoError(t, err)
-	assert.Equal(t, 55e9, bw)
-	_, err = parseBandwidth("0GB/s")
-	assert.Error(t, err)
+	for in, want := range map[string]float64{
+		"55GB/s": 55e9, "55G": 55e9, "55e9": 55e9, "55 GB/s": 55e9, "55GBps": 55e9, "55GB": 55e9,
+		"12.5GB/s": 12.5e9, "1MB/s": 1e6, "1e6": 1e6, "2GiB/s": 2 << 30, "500M": 500e6, "500MB/s": 500e6,
+	} {
+		bw, err := parseBandwidth(in)
+		if assert.NoError(t, err, in) {
+			assert.Equal(t, want, bw, in)
+		}
+	}
+	for in, msg := range map[string]string{
+		"55":       "did you mean 55GB/s (55e9)?",
+		"999999":   "under the floor of 1MB/s",
+		"55KB/s":   "under the floor of 1MB/s",
+		"400Gb/s":  "bits per second",
+		"0GB/s":    "positive",
+		"-1GB/s":   "positive",
+		"fast":     "bytes per second with a unit",
+		"55GHz":    "bytes per second with a unit",
+		"":         "bytes per second with a unit",
+		"Inf GB/s": "bytes per second with a unit",
+	} {
+		_, err := parseBandwidth(in)
+		if assert.Error(t, err, in) {
+			assert.Contains(t, err.Error(), msg, in)
+		}
+	}
+	// The help says which unit is expected.
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runMain([]string{"plan", "-h"}, &out, &errb))
+	assert.Contains(t, errb.String(), "bytes per second with a unit: 55GB/s, 55G or 55e9")
 }
 
 const planDocHead = `# Swap plans on the public traces

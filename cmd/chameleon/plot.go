@@ -177,7 +177,99 @@ func plotPlan(path string, r *planReport) error {
 	lanes.Draw(tiles[1][0])
 	side := draw.Crop(dc, plotWidth-legendStrip+vg.Points(6), 0, 0, -vg.Points(48))
 	leg.Draw(side)
+	return writeCanvas(path, c)
+}
 
+// plotInfeasible draws, for a limit no plan meets, the curve kept under
+// it with the limit and the lowest limit a plan meets, and marks the op
+// where the limit falls short most. The format is the file's extension.
+func plotInfeasible(path string, r *planReport) error {
+	format, err := plotFormat(path)
+	if err != nil {
+		return err
+	}
+	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
+	n := len(r.curve)
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("%s, iteration %d\nlimit %s cannot be met %s: no plan", filepath.Base(r.Trace), r.Iter, fmtBytes(r.LimitBytes), movedBy(r.recompute))
+	if r.LowestFeasibleBytes > 0 {
+		p.Title.Text += fmt.Sprintf("; lowest feasible limit %s (%.1f%% of the peak)", fmtBytes(r.LowestFeasibleBytes), r.LowestFeasiblePct)
+	}
+	p.Title.Padding = vg.Points(6)
+	p.Y.Label.Text = "device memory, GiB"
+	p.X.Label.Text = "op"
+	p.Add(plotter.NewGrid())
+	xy := make(plotter.XYs, n)
+	var top float64
+	for t := range n {
+		xy[t] = plotter.XY{X: float64(t), Y: gib(r.curve[t])}
+		top = max(top, xy[t].Y)
+	}
+	lc, err := plotter.NewLine(xy)
+	if err != nil {
+		return err
+	}
+	lc.Color, lc.Width = plotColor(120, 120, 120), vg.Points(1.2)
+	p.Add(lc)
+	leg := plot.NewLegend()
+	leg.Top, leg.Left = true, true
+	leg.Add(r.Curve+" curve", lc)
+	hline := func(b int64, label string, c color.Color) error {
+		y := gib(b)
+		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: y}, {X: float64(max(n-1, 1)), Y: y}})
+		if err != nil {
+			return err
+		}
+		l.Color, l.Width = c, vg.Points(1.5)
+		l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+		lb, err := plotter.NewLabels(plotter.XYLabels{XYs: []plotter.XY{{X: 0, Y: y}}, Labels: []string{label + " " + fmtBytes(b)}})
+		if err != nil {
+			return err
+		}
+		for i := range lb.TextStyle {
+			lb.TextStyle[i].Color = c
+			lb.TextStyle[i].YAlign = draw.YBottom
+		}
+		lb.Offset = vg.Point{X: vg.Points(4), Y: vg.Points(2)}
+		p.Add(l, lb)
+		leg.Add(label, l)
+		top = max(top, y)
+		return nil
+	}
+	if err := hline(r.LimitBytes, "limit", plotColor(210, 30, 30)); err != nil {
+		return err
+	}
+	if r.LowestFeasibleBytes > 0 {
+		if err := hline(r.LowestFeasibleBytes, "lowest feasible limit", plotColor(30, 160, 80)); err != nil {
+			return err
+		}
+	}
+	if at := r.shortAt; at >= 0 && at < n {
+		mark, err := plotter.NewLine(plotter.XYs{{X: float64(at), Y: 0}, {X: float64(at), Y: gib(r.curve[at])}})
+		if err != nil {
+			return err
+		}
+		mark.Color, mark.Width = plotColor(230, 140, 20), vg.Points(1.2)
+		p.Add(mark)
+		leg.Add(fmt.Sprintf("op %d: %s over\nwith every idle\ntensor moved", r.Shortfall.Op, fmtBytes(r.Shortfall.Bytes)), mark)
+	}
+	p.X.Min, p.X.Max = 0, float64(max(n-1, 1))
+	p.Y.Min, p.Y.Max = 0, top*1.08
+
+	c, err := draw.NewFormattedCanvas(plotWidth, plotHeight/2+vg.Inch, format)
+	if err != nil {
+		return err
+	}
+	dc := draw.New(c)
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	p.Draw(draw.Crop(dc, vg.Points(4), -legendStrip, vg.Points(4), -vg.Points(4)))
+	leg.Draw(draw.Crop(dc, plotWidth-legendStrip+vg.Points(6), 0, 0, -vg.Points(48)))
+	return writeCanvas(path, c)
+}
+
+// writeCanvas writes a drawn canvas to path.
+func writeCanvas(path string, c vg.CanvasWriterTo) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
 )
 
 func init() {
@@ -30,7 +32,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	path := tf.path
 	limitS := fs.String("limit", "80%", "device memory limit: a share of the trace's largest peak in (0%, 100%], or bytes with a unit (12GiB), scaled")
 	scale := fs.Int64("scale", 1024, "divide every tensor size by this (default 1 with --timing)")
-	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
+	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order; not given, a trace of fewer iterations than a policy needs (--m + --n + 1) is replayed enough times to plan one and run a whole round under it, and stderr says so")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	recompute := fs.Bool("recompute", true, "let the Engine drop tensors of ops that can run again (mre.Recomputable) and recompute them, each recompute verified; --recompute=false swaps alone")
@@ -57,14 +59,21 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *verify && !*timing {
 		return usagef("--verify samples the bytes a timed replay checks: it needs --timing (without it every use is checked)")
 	}
-	scaleSet := false
-	fs.Visit(func(f *flag.Flag) { scaleSet = scaleSet || f.Name == "scale" })
+	scaleSet, roundsSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		scaleSet = scaleSet || f.Name == "scale"
+		roundsSet = roundsSet || f.Name == "rounds"
+	})
 	if *timing && !scaleSet {
 		*scale = 1 // full size: the step the GPU takes
 	}
 	tr, err := tf.loadWarn(stderr)
 	if err != nil {
 		return err
+	}
+	if r := roundsToPlan(len(tr.Iterations), *cfg); !roundsSet && r > *rounds {
+		*rounds = r
+		fmt.Fprintf(stderr, "the trace has %d iterations; replaying them %d times so that a policy is planned (--rounds to choose)\n", len(tr.Iterations), r)
 	}
 	// With kernel times the Engine plans a profile of their op sequence with
 	// them: a --kernels file through the replay (replay.Config.Kernels, which
@@ -208,11 +217,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "warning: %s\n", rep.PolicyFileError)
 	}
 	if *asJSON {
-		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", TimeBase: timeBase, Report: rep}); err != nil {
+		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", Trace: rep.Trace, TimeBase: timeBase, Report: rep}); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "%s: %d iterations at scale 1/%d under %d bytes; time base %s\n", rep.Trace, rep.Iterations, rep.Scale, rep.LimitBytes, timeBase)
+		fmt.Fprintf(stdout, "%s: %d iterations", rep.Trace, rep.Iterations)
+		if *rounds > 1 {
+			fmt.Fprintf(stdout, " (the trace's %d, %d rounds)", len(tr.Iterations), *rounds)
+		}
+		fmt.Fprintf(stdout, " at scale 1/%d under %d bytes; time base %s\n", rep.Scale, rep.LimitBytes, timeBase)
 		if rep.Timing {
 			fmt.Fprintf(stdout, "timed: each op a kernel of its time on %s's compute stream", dev.Name())
 			if rep.VerifyEvery > 0 {
@@ -229,6 +242,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout)
 		fmt.Fprintf(stdout, "uses verified %d, failed %d; swapped %d bytes; on-demand swap-ins %d; recomputes %d\n", rep.VerifiedUses, rep.FailedUses, rep.SwappedBytes, rep.OnDemandSwapIns, rep.Recomputes)
 		fmt.Fprintf(stdout, "policies planned %d, cache hits %d, policy updates %d, outgrown %d, tightened for placement %d, refined %d\nstages %s\n", rep.Replans, rep.CacheHits, rep.PolicyUpdates, rep.Outgrown, rep.Tightened, rep.Refined, strings.Join(rep.Stages, " "))
+		if why := noPolicy(rep, len(tr.Iterations), *cfg); why != "" {
+			fmt.Fprintf(stdout, "no policy ran: %s\n", why)
+		}
 		for i := range rep.Results {
 			if p := rep.Results[i].Plan; p != nil && p.Layout != nil && p.Policy != nil {
 				l := p.Layout
@@ -311,4 +327,34 @@ func rate(f *replay.LinkFigures) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f", f.GBps)
+}
+
+// roundsToPlan is the rounds a replay of a trace of n iterations needs for
+// the Engine to plan a policy and run a whole round under it, with the
+// detector's cfg: M unchanged iterations in WARMUP and N in GEN_POLICY
+// before the first STABLE one. 0 when one round reaches STABLE.
+func roundsToPlan(n int, cfg seq.Config) int {
+	need := cfg.M + cfg.N
+	if n <= 0 || n > need {
+		return 0
+	}
+	return (need+n-1)/n + 1
+}
+
+// noPolicy says why no policy ran in a replay that had none in force ("":
+// one did): too few iterations for the detector to leave WARMUP and
+// GEN_POLICY, with the --rounds that gives enough; the planner's error; or
+// a sequence that kept changing.
+func noPolicy(rep *replay.Report, n int, cfg seq.Config) string {
+	if rep.Replans > 0 || rep.CacheHits > 0 || rep.PolicyUpdates > 0 || slices.Contains(rep.Stages, seq.Stable.String()) {
+		return ""
+	}
+	if need := cfg.M + cfg.N + 1; rep.Iterations < need {
+		return fmt.Sprintf("the Engine plans one after --m %d iterations of one sequence in WARMUP and --n %d in GEN_POLICY, and applies it from the next; %d iterations ran: --rounds %d repeats the trace's %d enough",
+			cfg.M, cfg.N, rep.Iterations, roundsToPlan(n, cfg), n)
+	}
+	if len(rep.PlanErrors) > 0 {
+		return "planning failed: " + rep.PlanErrors[len(rep.PlanErrors)-1]
+	}
+	return fmt.Sprintf("the sequence changed before %d iterations of one ran (chameleon detect --trace F says where and why; --cosine, --length and --memory set what counts as a change)", cfg.M+cfg.N+1)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/chameleon-go/chameleon/device/cuda"
 	"github.com/chameleon-go/chameleon/replay"
+	"github.com/chameleon-go/chameleon/seq"
 )
 
 // writeGzipTrace writes a one-op trace whose tensor and op sizes are given.
@@ -105,6 +106,7 @@ func TestReplayTiming(t *testing.T) {
 	assert.Positive(t, st["simulated_ms"])
 	assert.Equal(t, 9, strings.Count(progress, " measured="), progress)
 	assert.Equal(t, 3, strings.Count(progress, " alone: "), progress)
+	checkSwappedBytes(t, rep)
 }
 
 // --verify checks the sampled storages' bytes in a timed replay.
@@ -165,4 +167,67 @@ func TestRealReplayTiming(t *testing.T) {
 	}
 	t.Logf("STABLE: unlimited %.2f ms, measured %.2f ms, simulated %.2f ms, forced evictions %d",
 		rep.Stable.UnlimitedMS, rep.Stable.MeasuredMS, rep.Stable.SimulatedMS, rep.Stable.Evictions)
+}
+
+// A trace of fewer iterations than a policy needs (the bundled one has 3;
+// WARMUP and GEN_POLICY take 5 + 3) is repeated, unless --rounds is given,
+// until a policy is planned and a whole round runs under it: the default
+// replay shows a plan made and used, and says why it ran 12 iterations.
+func TestReplayDefaultRounds(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runMain([]string{"replay", "--trace", bundled, "--quiet"}, &out, &errb), errb.String())
+	assert.Contains(t, errb.String(), "the trace has 3 iterations; replaying them 4 times so that a policy is planned (--rounds to choose)\n")
+	assert.Contains(t, out.String(), ": 12 iterations (the trace's 3, 4 rounds) at scale")
+	assert.Regexp(t, `policies planned [1-9]`, out.String())
+	assert.Contains(t, out.String(), "GEN_POLICY STABLE STABLE STABLE STABLE\n")
+
+	assert.NotContains(t, out.String(), "no policy ran")
+
+	// --rounds given: as many as it says, and the report says why no
+	// policy ran and what to pass.
+	out.Reset()
+	errb.Reset()
+	require.Equal(t, 0, runMain([]string{"replay", "--trace", bundled, "--quiet", "--rounds", "1"}, &out, &errb), errb.String())
+	assert.NotContains(t, errb.String(), "replaying them")
+	assert.Contains(t, out.String(), ": 3 iterations at scale")
+	assert.Contains(t, out.String(), "\nno policy ran: the Engine plans one after --m 5 iterations of one sequence in WARMUP and --n 3 in GEN_POLICY")
+	assert.Contains(t, out.String(), "--rounds 4 repeats the trace's 3 enough\n")
+
+	for _, c := range []struct{ n, m, gen, want int }{
+		{3, 5, 3, 4}, {1, 5, 3, 9}, {8, 5, 3, 2}, {9, 5, 3, 0}, {20, 5, 3, 0}, {3, 1, 0, 0}, {1, 1, 0, 2}, {0, 5, 3, 0},
+	} {
+		cfg := seq.DefaultConfig()
+		cfg.M, cfg.N = c.m, c.gen
+		assert.Equal(t, c.want, roundsToPlan(c.n, cfg), "%d iterations, m %d, n %d", c.n, c.m, c.gen)
+	}
+}
+
+// Each iteration's swapped_bytes are the bytes it copied out to the host,
+// forced evictions included, as the run's are: they sum to the run's, and
+// a WARMUP iteration that evicted (no policy yet) has some. TestReplayTiming
+// checks the timed replay's the same way.
+func TestReplaySwappedBytesPerIteration(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runMain([]string{"replay", "--trace", bundled, "--quiet", "--rounds", "1", "--json"}, &out, &errb), errb.String())
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	checkSwappedBytes(t, rep)
+}
+
+// checkSwappedBytes checks a replay's --json report: its iterations'
+// swapped_bytes sum to its own, and every iteration that evicted swapped
+// some (there must be one).
+func checkSwappedBytes(t *testing.T, rep map[string]any) {
+	t.Helper()
+	var sum, evicted float64
+	for _, p := range rep["per_iteration"].([]any) {
+		x := p.(map[string]any)
+		sum += x["swapped_bytes"].(float64)
+		if x["evictions"].(float64) > 0 {
+			evicted++
+			assert.Positive(t, x["swapped_bytes"], "an iteration that evicted: %v", x)
+		}
+	}
+	assert.Positive(t, evicted, "no iteration evicted: the check needs one")
+	assert.Equal(t, rep["swapped_bytes"], sum, "the iterations' swapped bytes against the run's")
 }
