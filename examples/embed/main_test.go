@@ -30,13 +30,13 @@ func TestEmbed(t *testing.T) {
 	assert.Regexp(t, `STABLE +planned swaps out [1-9]`, s, "the policy's swaps run")
 }
 
-// The README shows this program's loop as it is.
+// The README shows this program as it is, whole: it builds as pasted.
 func TestREADMEShowsIt(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	src, err := os.ReadFile("main.go")
 	require.NoError(t, err)
-	body := string(src[bytes.Index(src, []byte("func run(out io.Writer")):])
-	assert.Contains(t, string(readme), strings.TrimSpace(body), "README.md's embedding loop differs from examples/embed/main.go")
-	assert.Contains(t, string(readme), "go install github.com/chameleon-go/chameleon/cmd/chameleon@latest")
+	body := string(src[bytes.Index(src, []byte("package main")):])
+	assert.Contains(t, string(readme), "```go\n"+strings.TrimSpace(body)+"\n```", "README.md's embedding program differs from examples/embed/main.go")
+	assert.Contains(t, string(readme), "go install ./cmd/chameleon")
 }
