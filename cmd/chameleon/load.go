@@ -323,6 +323,9 @@ type replayJSON struct {
 	// command's output (the report's own is hidden behind it).
 	Trace    string `json:"trace"`
 	TimeBase string `json:"time_base"`
+	// Library is the runtime library the device loaded (--device cuda:
+	// the libcudart path), empty on the host backend.
+	Library string `json:"library,omitempty"`
 	*replay.Report
 }
 

@@ -110,6 +110,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		limitFrom = fmt.Sprintf("--limit %s of the peak of %d bytes recorded at %s, scaled 1/%d", *limitS, op.Mem, at, *scale)
 	}
 	var dev device.Device
+	var library string // the runtime library the device loaded (--device cuda)
 	peakOf := func() int64 { return -1 }
 	opts := []chameleon.Option{chameleon.WithDetection(*cfg), chameleon.WithPlacement(*placement)}
 	var tm *replay.Timing
@@ -161,9 +162,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			}
 			copts = append(copts, cuda.WithPageSize(n))
 		}
-		dev, err = cuda.New(copts...)
+		c, err := cuda.New(copts...)
 		if err != nil {
 			return err
+		}
+		dev, library = c, c.Library()
+		if !*quiet {
+			fmt.Fprintf(stderr, "device %s: %s\n", c.Name(), library)
 		}
 	default:
 		return fmt.Errorf("--device %q: want host or cuda", *devName)
@@ -217,7 +222,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "warning: %s\n", rep.PolicyFileError)
 	}
 	if *asJSON {
-		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", Trace: rep.Trace, TimeBase: timeBase, Report: rep}); err != nil {
+		if err := writeJSON(stdout, replayJSON{Schema: schemaVersion, Command: "replay", Trace: rep.Trace, TimeBase: timeBase, Library: library, Report: rep}); err != nil {
 			return err
 		}
 	} else {
