@@ -3,6 +3,8 @@ package trace
 import (
 	"encoding/json"
 	"math"
+
+	"github.com/chameleon-go/chameleon/trace/internal/jsonio"
 )
 
 // The integer lists of an optrace line decode with their length checked
@@ -12,6 +14,8 @@ type (
 	dimList []int64 // a tensor's shape, at most MaxShapeDims
 	inList  []int64 // an op's inputs, at most MaxOpTensors
 	outList []int64 // an op's outputs, at most MaxOpTensors
+	// floatList is the footer's iteration times, at most MaxFileIterations.
+	floatList []float64
 )
 
 func (l *dimList) UnmarshalJSON(b []byte) error {
@@ -24,6 +28,22 @@ func (l *inList) UnmarshalJSON(b []byte) error {
 
 func (l *outList) UnmarshalJSON(b []byte) error {
 	return decodeInts(b, MaxOpTensors, "out", (*[]int64)(l))
+}
+
+func (l *floatList) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '[' {
+		return json.Unmarshal(b, (*[]float64)(l))
+	}
+	n := jsonio.CountElements(b)
+	if n > MaxFileIterations {
+		return &listError{field: "uninstrumented_iter_ms", n: n, max: MaxFileIterations}
+	}
+	s := make([]float64, 0, n)
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	*l = s
+	return nil
 }
 
 // listError is a list longer than its limit.
@@ -40,11 +60,15 @@ func decodeInts(b []byte, limit int, field string, dst *[]int64) error {
 	if len(b) == 0 || b[0] != '[' {
 		return json.Unmarshal(b, dst) // null, or a type error worded by encoding/json
 	}
-	n := countElements(b)
+	n := jsonio.CountElements(b)
 	if n > limit {
 		return &listError{field: field, n: n, max: limit}
 	}
-	s, ok := parseInts(b, make([]int64, 0, n))
+	s := (*dst)[:0] // the caller's array when it has room
+	if s == nil || cap(s) < n {
+		s = make([]int64, 0, n)
+	}
+	s, ok := parseInts(b, s)
 	if !ok {
 		// Something other than plain integers: encoding/json decides, into
 		// a slice that already has room for every element.
@@ -58,39 +82,6 @@ func decodeInts(b []byte, limit int, field string, dst *[]int64) error {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-// countElements counts the elements of the valid JSON array b.
-func countElements(b []byte) int {
-	n, depth, inStr, esc, empty := 1, 0, false, false, true
-	for _, c := range b[1 : len(b)-1] {
-		switch {
-		case inStr:
-			switch {
-			case esc:
-				esc = false
-			case c == '\\':
-				esc = true
-			case c == '"':
-				inStr = false
-			}
-		case c == '"':
-			inStr = true
-		case c == '[' || c == '{':
-			depth++
-		case c == ']' || c == '}':
-			depth--
-		case c == ',' && depth == 0:
-			n++
-		}
-		if !isSpace(c) {
-			empty = false
-		}
-	}
-	if empty {
-		return 0
-	}
-	return n
-}
 
 // parseInts appends the elements of the valid JSON array b to s when they
 // are all integers int64 holds; ok is false otherwise.

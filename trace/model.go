@@ -5,6 +5,22 @@
 // ids that name storages, and optional measurements (durations, the recorded
 // allocated-bytes curve) that are zero or flagged absent when the source did
 // not record them. Stages derive whatever indices they need from it.
+//
+// The readers (ReadFile and Reader for optrace/v1, ReadKernels for
+// optrace-kernels/v1) bound what a file may cost, so that a damaged or
+// hostile file, a small gzip that inflates to gigabytes, is refused with a
+// ParseError naming the file, the line and the field once a limit is read,
+// and never costs more than a small multiple of what it legitimately holds.
+// Per line: MaxLineBytes (16 MiB), MaxShapeDims (64), MaxOpTensors
+// (1,048,576 in each of in and out), MaxBytes (4 TiB). Per file:
+// MaxFileBytes (1 GiB decompressed), MaxFileTensors (524,288 storages),
+// MaxFileDims (2,097,152 shape dims), MaxFileOps (1,048,576),
+// MaxFileRefs (4,194,304 tensor references), MaxFileIterations (65,536),
+// MaxFileStrings (65,536 distinct strings) of MaxFileStringBytes (8 MiB).
+// A kernels file: MaxKernelsBytes (8 MiB decompressed), MaxKernelOps
+// (262,144). Each limit is 20 times or more what the largest recorded
+// trace reaches; see the constants. Package pytorch bounds its imports
+// likewise.
 package trace
 
 import (

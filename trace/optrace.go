@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+
+	"github.com/chameleon-go/chameleon/trace/internal/jsonio"
 )
 
 // FormatOptrace is the format string of an optrace/v1 header.
@@ -40,12 +43,19 @@ var ErrTruncated = errors.New("trace ends early (no footer): file truncated?")
 // Limits of the optrace/v1 reader. Input beyond one is refused with a
 // ParseError naming the line and the field, so that a damaged or hostile
 // file costs memory in proportion to what it legitimately holds and no size
-// that overflows int64 arithmetic reaches later stages. They sit far above
-// what real recordings reach: in the traces of Llama (up to 7B layer shapes,
-// LoRA, checkpointing, fp16 scaler, decode) and Mixtral recorded on an H200,
-// the longest line is 3,819 bytes (a foreach optimizer op), shapes have at
-// most 4 dims, an op has at most 735 inputs and 8 outputs, the largest
-// storage is 2.0 GB and the largest allocated-bytes value 34.5 GB.
+// that overflows int64 arithmetic reaches later stages. The per-line limits
+// bound what one line costs, the per-file ones (MaxFile...) what a whole
+// file costs however it is cut into lines: a small gzip file can inflate to
+// gigabytes of valid lines. At every cap together a file costs the reader
+// well under 1 GiB. They sit far above what real recordings reach: in the
+// traces of Llama (up to 7B layer shapes, LoRA, checkpointing, fp16 scaler,
+// decode), Mixtral, GPT-2 and Qwen2 recorded on an H200, the longest line is
+// 7,142 bytes (a foreach optimizer op), shapes have at most 4 dims, an op has
+// at most 1,460 inputs and 8 outputs, the largest storage is 2.1 GB and the
+// largest allocated-bytes value 34.5 GB; the largest file holds 12.4 MB
+// (decompressed), 25,541 storages with 74,794 dims in all, 48,069 ops
+// making 109,596 tensor references, 49 iterations, and 1,802 distinct
+// strings of 114,028 bytes in all.
 const (
 	// MaxLineBytes bounds one line (16 MiB). A longer line is refused after
 	// reading at most this much of it.
@@ -61,12 +71,43 @@ const (
 	// accelerator holds, and small enough that a sum over a million
 	// storages cannot overflow int64.
 	MaxBytes = 4 << 40
+
+	// MaxFileBytes bounds the size of a file, decompressed (1 GiB, 86 times
+	// the largest real one). The reader stops reading there, so a small
+	// gzip of blank lines cannot keep it busy for minutes.
+	MaxFileBytes = 1 << 30
+	// MaxFileTensors bounds the storages a file declares (20 times the
+	// largest real count).
+	MaxFileTensors = 1 << 19
+	// MaxFileDims bounds the shape dims of all the storages a file declares
+	// together (28 times the largest real count; 4 a storage at
+	// MaxFileTensors, where real ones have 2.9).
+	MaxFileDims = 1 << 21
+	// MaxFileOps bounds the ops of a file, all iterations together (21
+	// times the largest real count).
+	MaxFileOps = 1 << 20
+	// MaxFileRefs bounds the tensor references of a file: the lengths of
+	// the in and out lists of all its ops together (38 times the largest
+	// real count). An in list may hold MaxOpTensors of them: four such
+	// lines fill the cap.
+	MaxFileRefs = 1 << 22
+	// MaxFileIterations bounds the iterations of a file, and so the length
+	// of the footer's list of iteration times.
+	MaxFileIterations = 1 << 16
+	// MaxFileStrings and MaxFileStringBytes bound the distinct strings a
+	// file holds (36 and 73 times the largest real figures): the op names,
+	// overloads, module paths and dtypes, each kept once however often it
+	// is repeated, and the header's strings and config.
+	MaxFileStrings     = 1 << 16
+	MaxFileStringBytes = 8 << 20
 )
 
 // Reader streams an optrace/v1 trace one iteration at a time, so only the
 // iteration being read and the table of declared storages are in memory.
-// It refuses input beyond MaxLineBytes, MaxShapeDims, MaxOpTensors and
-// MaxBytes.
+// It refuses input beyond MaxLineBytes, MaxShapeDims, MaxOpTensors,
+// MaxBytes and the per-file limits (MaxFileBytes, MaxFileTensors,
+// MaxFileDims, MaxFileOps, MaxFileRefs, MaxFileIterations, MaxFileStrings,
+// MaxFileStringBytes); ReadFile and Read hold a whole file within them.
 type Reader struct {
 	name    string
 	br      *bufio.Reader
@@ -79,16 +120,44 @@ type Reader struct {
 	done    bool
 	raw     rawLine
 	strs    map[string]string
+	// What the file has held so far, against the MaxFile limits.
+	nDims, nOps, nRefs, nIters, strBytes int
 }
 
 // intern returns one shared copy of each distinct name: a trace repeats a
 // few hundred op names and module paths thousands of times, and consumers
 // (the encoder's pointer cache) profit from equal names being one string.
-func (r *Reader) intern(s string) string {
+// A name that is new counts against MaxFileStrings and MaxFileStringBytes;
+// field names it in the error.
+func (r *Reader) intern(field, s string) (string, error) {
 	if v, ok := r.strs[s]; ok {
-		return v
+		return v, nil
+	}
+	if len(r.strs) >= MaxFileStrings {
+		return "", r.errf(field, "more than %d distinct strings in the file", MaxFileStrings)
+	}
+	if err := r.countString(field, len(s)); err != nil {
+		return "", err
 	}
 	r.strs[s] = s
+	return s, nil
+}
+
+// countString counts n bytes of strings kept against MaxFileStringBytes.
+func (r *Reader) countString(field string, n int) error {
+	if r.strBytes+n > MaxFileStringBytes {
+		return r.errf(field, "%d bytes of distinct strings, more than the %d allowed in a file", r.strBytes+n, MaxFileStringBytes)
+	}
+	r.strBytes += n
+	return nil
+}
+
+// clip shortens a string quoted in an error: the line it came from may
+// hold megabytes of it.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
 	return s
 }
 
@@ -134,7 +203,7 @@ type rawLine struct {
 	WallMS    float64 `json:"wall_ms"`
 	UninstMS  float64 `json:"uninstrumented_ms"`
 	// footer
-	IterMS []float64 `json:"uninstrumented_iter_ms"`
+	IterMS floatList `json:"uninstrumented_iter_ms"`
 }
 
 // Open opens a trace file, gzip-compressed or plain (told by its first
@@ -168,15 +237,18 @@ func newReader(r io.Reader, name string, c io.Closer) (*Reader, error) {
 		// allocating 64 KiB each time is most of their cost.
 		size = min(size, max(l.Len(), 16))
 	}
-	br := bufio.NewReaderSize(r, size)
+	// Plain input is limited as it is read, gzip input once decompressed.
+	raw := &jsonio.Limit{R: r, Max: MaxFileBytes}
+	br := bufio.NewReaderSize(raw, size)
 	magic, _ := br.Peek(2)
 	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		raw.Max = math.MaxInt64
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return nil, &ParseError{File: name, Line: 0, Err: fmt.Errorf("gzip: %w", err)}
 		}
 		rd.closers = append(rd.closers, zr)
-		br = bufio.NewReaderSize(zr, 1<<16)
+		br = bufio.NewReaderSize(&jsonio.Limit{R: zr, Max: MaxFileBytes}, 1<<16)
 	}
 	rd.br = br
 	if err := rd.readHeader(); err != nil {
@@ -211,10 +283,13 @@ func (r *Reader) errf(field string, format string, args ...any) error {
 // clean end of input.
 func (r *Reader) next() error {
 	for {
-		if cap(r.buf) > 1<<20 {
-			r.buf = nil // do not keep one long line's buffer for the whole file
-		}
-		r.buf = r.buf[:0]
+		// The line and its integer lists (most lines have an in or out list)
+		// go into the last line's arrays. A large one is kept while lines
+		// as long follow, and dropped after one a quarter its size: not
+		// kept for the whole file after one long line, not grown again for
+		// each of many.
+		r.buf = reuse(r.buf, 1<<20)
+		in, out := reuse(r.raw.In, 1<<12), reuse(r.raw.Out, 1<<12)
 		for {
 			chunk, err := r.br.ReadSlice('\n')
 			if len(r.buf)+len(chunk) > MaxLineBytes {
@@ -240,6 +315,10 @@ func (r *Reader) next() error {
 			}
 			if err != nil {
 				r.line++
+				var tl *jsonio.TooLargeError
+				if errors.As(err, &tl) {
+					return &ParseError{File: r.name, Line: r.line, Err: fmt.Errorf("file longer than %d bytes (decompressed)", MaxFileBytes)}
+				}
 				return &ParseError{File: r.name, Line: r.line, Err: fmt.Errorf("read: %w", err)}
 			}
 			break
@@ -249,7 +328,7 @@ func (r *Reader) next() error {
 		if len(line) == 0 {
 			continue
 		}
-		r.raw = rawLine{}
+		r.raw = rawLine{In: in, Out: out}
 		if err := json.Unmarshal(line, &r.raw); err != nil {
 			var te *json.UnmarshalTypeError
 			var le *listError
@@ -265,6 +344,15 @@ func (r *Reader) next() error {
 	}
 }
 
+// reuse empties s for the next line, nil when s is larger than small and
+// the line it held used less than a quarter of it.
+func reuse[T any](s []T, small int) []T {
+	if cap(s) > small && len(s) < cap(s)/4 {
+		return nil
+	}
+	return s[:0]
+}
+
 func (r *Reader) readHeader() error {
 	err := r.next()
 	if err == io.EOF {
@@ -275,10 +363,10 @@ func (r *Reader) readHeader() error {
 	}
 	l := &r.raw
 	if l.Type != "header" {
-		return r.errf("type", "first line must be the header, got %q", l.Type)
+		return r.errf("type", "first line must be the header, got %q", clip(l.Type))
 	}
 	if l.Format != FormatOptrace {
-		return r.errf("format", "unsupported format %q (want %q)", l.Format, FormatOptrace)
+		return r.errf("format", "unsupported format %q (want %q)", clip(l.Format), FormatOptrace)
 	}
 	var amp string
 	if len(l.AMP) > 0 && l.AMP[0] == '"' {
@@ -295,6 +383,14 @@ func (r *Reader) readHeader() error {
 	if len(l.Config) > 0 && string(l.Config) != "null" {
 		r.hdr.Config = bytes.Clone(l.Config)
 	}
+	for _, f := range []struct {
+		field string
+		n     int
+	}{{"model", len(l.Model)}, {"amp", len(amp)}, {"device", len(l.Device)}, {"torch", len(l.Torch)}, {"config", len(r.hdr.Config)}} {
+		if err := r.countString(f.field, f.n); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -306,7 +402,7 @@ func (r *Reader) Next() (*Iteration, error) {
 		return nil, io.EOF
 	}
 	var it *Iteration
-	var ids []TensorID // one backing array for the iteration's tensor refs
+	var ids []TensorID // a block of the iteration's tensor refs, sliced per op
 	for {
 		err := r.next()
 		if err == io.EOF {
@@ -326,7 +422,9 @@ func (r *Reader) Next() (*Iteration, error) {
 				return nil, r.errf("iter", "missing")
 			}
 			if it == nil {
-				it = &Iteration{Index: *l.Iter, Tensors: make(map[TensorID]*Tensor)}
+				if it, err = r.newIteration(*l.Iter); err != nil {
+					return nil, err
+				}
 			} else if *l.Iter != it.Index {
 				return nil, r.errf("iter", "op of iteration %d inside iteration %d (missing iter_end?)", *l.Iter, it.Index)
 			}
@@ -338,7 +436,9 @@ func (r *Reader) Next() (*Iteration, error) {
 				return nil, r.errf("iter", "missing")
 			}
 			if it == nil {
-				it = &Iteration{Index: *l.Iter, Tensors: make(map[TensorID]*Tensor)}
+				if it, err = r.newIteration(*l.Iter); err != nil {
+					return nil, err
+				}
 			}
 			if *l.Iter != it.Index {
 				return nil, r.errf("iter", "iter_end of iteration %d closes iteration %d", *l.Iter, it.Index)
@@ -371,14 +471,24 @@ func (r *Reader) Next() (*Iteration, error) {
 			case err != nil:
 				return nil, err
 			default:
-				return nil, r.errf("type", "%q line after the footer", r.raw.Type)
+				return nil, r.errf("type", "%q line after the footer", clip(r.raw.Type))
 			}
 		case "header":
 			return nil, r.errf("type", "second header")
 		default:
-			return nil, r.errf("type", "unknown line type %q", l.Type)
+			return nil, r.errf("type", "unknown line type %q", clip(l.Type))
 		}
 	}
+}
+
+// newIteration starts iteration index, counting it against
+// MaxFileIterations.
+func (r *Reader) newIteration(index int) (*Iteration, error) {
+	if r.nIters >= MaxFileIterations {
+		return nil, r.errf("iter", "more than %d iterations in the file", MaxFileIterations)
+	}
+	r.nIters++
+	return &Iteration{Index: index, Tensors: make(map[TensorID]*Tensor)}, nil
 }
 
 func (r *Reader) tensor(l *rawLine) error {
@@ -391,6 +501,9 @@ func (r *Reader) tensor(l *rawLine) error {
 	}
 	if _, dup := r.tensors[id]; dup {
 		return r.errf("id", "tensor %d declared twice", id)
+	}
+	if len(r.tensors) >= MaxFileTensors {
+		return r.errf("id", "more than %d tensors declared in the file", MaxFileTensors)
 	}
 	if l.Bytes == nil {
 		return r.errf("bytes", "missing")
@@ -406,15 +519,23 @@ func (r *Reader) tensor(l *rawLine) error {
 			return r.errf("shape", "dim %d is %d", i, d)
 		}
 	}
+	if r.nDims+len(l.Shape) > MaxFileDims {
+		return r.errf("shape", "%d shape dims in the file, more than the %d allowed", r.nDims+len(l.Shape), MaxFileDims)
+	}
 	kind, ok := ParseKind(l.Kind)
 	if !ok {
-		return r.errf("kind", "unknown tensor kind %q", l.Kind)
+		return r.errf("kind", "unknown tensor kind %q", clip(l.Kind))
 	}
 	if l.Frozen && kind != KindParam {
 		return r.errf("frozen", "set on a %s tensor; only a param can be frozen", l.Kind)
 	}
+	dtype, err := r.intern("dtype", l.DType)
+	if err != nil {
+		return err
+	}
+	r.nDims += len(l.Shape)
 	r.tensors[id] = &Tensor{
-		ID: id, Bytes: *l.Bytes, DType: r.intern(l.DType), Shape: append([]int64(nil), l.Shape...),
+		ID: id, Bytes: *l.Bytes, DType: dtype, Shape: append([]int64(nil), l.Shape...),
 		Kind: kind, Ptr: l.Ptr, Frozen: l.Frozen, Line: r.line,
 	}
 	return nil
@@ -430,9 +551,12 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 	if l.Name == "" {
 		return r.errf("name", "missing")
 	}
+	if r.nOps >= MaxFileOps {
+		return r.errf("", "more than %d ops in the file", MaxFileOps)
+	}
 	phase, ok := ParsePhase(l.Phase)
 	if !ok {
-		return r.errf("phase", "unknown phase %q", l.Phase)
+		return r.errf("phase", "unknown phase %q", clip(l.Phase))
 	}
 	in, err := r.refs(l.In, it, ids, "in")
 	if err != nil {
@@ -442,8 +566,14 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 	if err != nil {
 		return err
 	}
+	var names [3]string
+	for i, f := range []struct{ field, s string }{{"name", l.Name}, {"overload", l.Overload}, {"module", l.Module}} {
+		if names[i], err = r.intern(f.field, f.s); err != nil {
+			return err
+		}
+	}
 	op := Op{
-		Seq: *l.Seq, Name: r.intern(l.Name), Overload: r.intern(l.Overload), Phase: phase, Module: r.intern(l.Module),
+		Seq: *l.Seq, Name: names[0], Overload: names[1], Phase: phase, Module: names[2],
 		In: in, Out: out, Mem: -1, FLOPs: l.FLOPs, IOBytes: l.IOBytes, Line: r.line,
 	}
 	if l.DurUS != nil {
@@ -465,12 +595,22 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 		return r.errf("mem", "present on some ops of iteration %d and not on others", it.Index)
 	}
 	it.Ops = append(it.Ops, op)
+	r.nOps++
 	return nil
 }
 
 func (r *Reader) refs(raw []int64, it *Iteration, ids *[]TensorID, field string) ([]TensorID, error) {
 	if len(raw) == 0 {
 		return nil, nil
+	}
+	if r.nRefs+len(raw) > MaxFileRefs {
+		return nil, r.errf(field, "%d tensor references in the file, more than the %d allowed", r.nRefs+len(raw), MaxFileRefs)
+	}
+	r.nRefs += len(raw)
+	if cap(*ids)-len(*ids) < len(raw) {
+		// A new block: the ops' lists keep the old one, which growing it
+		// by append would copy and keep twice.
+		*ids = make([]TensorID, 0, max(len(raw), min(2*cap(*ids), 1<<16), 64))
 	}
 	start := len(*ids)
 	for _, v := range raw {

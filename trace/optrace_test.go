@@ -279,6 +279,27 @@ func FuzzRead(f *testing.F) {
 	_, _ = io.WriteString(zw, hdr+`{"type":"footer"}`+"\n")
 	_ = zw.Close()
 	f.Add(zb.Bytes())
+	// Small forms (small for the minimizer's sake) of the hostile inputs
+	// of limits_test.go: ops with long in and out lists, long distinct
+	// module names, a long footer list, iterations without ops, blank
+	// lines in a gzip.
+	zeros := strings.Repeat("0,", 15) + "0"
+	f.Add([]byte(hdr + `{"type":"tensor","id":0,"bytes":16,"kind":"act"}` + "\n" +
+		`{"type":"op","iter":0,"seq":0,"name":"aten::cat","phase":"fwd","in":[` + zeros + `],"out":[` + zeros + `]}` + "\n" +
+		`{"type":"op","iter":0,"seq":1,"name":"aten::cat","phase":"fwd","in":[` + zeros + `]}` + "\n" +
+		`{"type":"iter_end","iter":0,"ops":2}` + "\n" + `{"type":"footer"}` + "\n"))
+	long := strings.Repeat("x", 64)
+	f.Add([]byte(hdr + `{"type":"tensor","id":0,"bytes":16,"kind":"act"}` + "\n" +
+		`{"type":"op","iter":0,"seq":0,"name":"a","phase":"fwd","module":"0` + long + `","in":[0]}` + "\n" +
+		`{"type":"op","iter":0,"seq":1,"name":"a","phase":"fwd","module":"1` + long + `","in":[0]}` + "\n" +
+		`{"type":"iter_end","iter":0,"ops":2}` + "\n" + `{"type":"footer"}` + "\n"))
+	f.Add([]byte(hdr + `{"type":"iter_end","iter":0,"ops":0}` + "\n" + `{"type":"iter_end","iter":1,"ops":0}` + "\n" +
+		`{"type":"footer","uninstrumented_iter_ms":[` + zeros + `]}` + "\n"))
+	zb.Reset()
+	zw = gzip.NewWriter(&zb)
+	_, _ = io.WriteString(zw, hdr+strings.Repeat(strings.Repeat(" ", 64)+"\n", 8)+`{"type":"footer"}`+"\n")
+	_ = zw.Close()
+	f.Add(zb.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := trace.Read(bytes.NewReader(data), "fuzz")
 		if err != nil {
@@ -319,10 +340,30 @@ func FuzzReadKernels(f *testing.F) {
 	f.Add([]byte(`{"format":"optrace-kernels/v1","iteration_ms":1,"ops":[{"seq":0,"name":"aten::mm","overload":"default","kernel_us":3.5}]}`))
 	f.Add([]byte(`{"format":"optrace-kernels/v1","ops":[{"seq":1}]}`))
 	f.Add([]byte{0x1f, 0x8b, 0, 0})
+	// Small forms (small for the minimizer's sake) of the hostile inputs
+	// of limits_test.go: blanks and newlines between the ops (plain and
+	// gzip), a long string, keys the reader skips or matches whatever
+	// their case, null ops.
+	blanks := `{"format":"optrace-kernels/v1","ops":[{"seq":0,"kernel_us":1},` + strings.Repeat(" \t\r\n", 8) + `{"seq":1}]}`
+	f.Add([]byte(blanks))
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	_, _ = io.WriteString(zw, blanks)
+	_ = zw.Close()
+	f.Add(zb.Bytes())
+	f.Add([]byte(`{"format":"optrace-kernels/v1","note":"` + strings.Repeat("a", 64) + `","ops":[{"seq":0,"name":"` + strings.Repeat("b", 64) + `"}]}`))
+	f.Add([]byte(`{"FORMAT":"optrace-kernels/v1","x":{"a":[1,{"b":"]"}]},"Ops":null,"seq_len":8}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k, err := trace.ReadKernels(bytes.NewReader(data), "fuzz")
 		if err != nil {
+			var pe *trace.ParseError
+			if !errors.As(err, &pe) || pe.File != "fuzz" {
+				t.Fatalf("error does not name the file: %v", err)
+			}
 			return
+		}
+		if len(k.Ops) > trace.MaxKernelOps {
+			t.Fatalf("%d ops", len(k.Ops))
 		}
 		for i, op := range k.Ops {
 			if op.Seq != i || op.KernelUS < 0 {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/chameleon-go/chameleon/trace"
+	"github.com/chameleon-go/chameleon/trace/internal/jsonio"
 )
 
 // etNode is the part of one Execution Trace node the importer keeps.
@@ -61,7 +62,7 @@ type rawNode struct {
 	InTypes  json.RawMessage `json:"input_types"`
 	OutShape json.RawMessage `json:"output_shapes"`
 	OutTypes json.RawMessage `json:"output_types"`
-	Attrs    []rawAttr       `json:"attrs"`
+	Attrs    attrList        `json:"attrs"`
 	RFID     json.RawMessage `json:"rf_id"`
 	Tid      json.RawMessage `json:"tid"`
 	SeqID    json.RawMessage `json:"seq_id"`
@@ -75,26 +76,28 @@ type rawAttr struct {
 }
 
 type rawIO struct {
-	Values  []json.RawMessage `json:"values"`
-	Shapes  []json.RawMessage `json:"shapes"`
-	Types   []json.RawMessage `json:"types"`
-	Strides []json.RawMessage `json:"strides"`
+	Values  rawList `json:"values"`
+	Shapes  rawList `json:"shapes"`
+	Types   rawList `json:"types"`
+	Strides rawList `json:"strides"`
 }
 
 // maxExtent bounds the size of one storage (1 PiB) so that garbage numbers
 // cannot overflow the byte arithmetic.
 const maxExtent = int64(1) << 50
 
-// readET decodes an Execution Trace one node at a time.
+// readET decodes an Execution Trace one node at a time, within the
+// limits of the package.
 func readET(r io.Reader, name string) (*etDoc, error) {
-	r = newSqueezer(r)
-	dec := json.NewDecoder(r)
+	dec := newDecoder(r)
 	if err := expectDelim(dec, '{', name, ""); err != nil {
 		return nil, err
 	}
 	doc := &etDoc{}
 	seen := make(map[int64]bool)
 	sawNodes := false
+	var strs interner
+	args := 0 // tensor arguments kept, against MaxTensorArgs
 	for dec.More() {
 		key, err := objectKey(dec, name, "")
 		if err != nil {
@@ -102,31 +105,39 @@ func readET(r io.Reader, name string) (*etDoc, error) {
 		}
 		switch key {
 		case "schema":
-			var s any
-			if err := dec.Decode(&s); err != nil {
-				return nil, readErr(name, "", err)
+			tok, err := dec.Token()
+			if err != nil {
+				return nil, readErr(name, "", wrapField("schema", err))
 			}
-			str, ok := s.(string)
+			str, ok := tok.(string)
 			if !ok {
-				return nil, &ParseError{File: name, Field: "schema", Err: fmt.Errorf("want a string, got %v", s)}
+				return nil, &ParseError{File: name, Field: "schema", Err: fmt.Errorf("want a string, got %v", tok)}
 			}
-			doc.schema = str
+			if doc.schema, err = strs.get(str); err != nil {
+				return nil, &ParseError{File: name, Field: "schema", Err: err}
+			}
 		case "nodes":
 			sawNodes = true
 			if err := expectDelim(dec, '[', name, "nodes"); err != nil {
 				return nil, err
 			}
 			for i := 0; dec.More(); i++ {
+				if i >= MaxNodes {
+					return nil, &ParseError{File: name, Where: fmt.Sprintf("nodes[%d]", i), Err: fmt.Errorf("more than %d nodes", MaxNodes)}
+				}
 				var rn rawNode
 				if err := dec.Decode(&rn); err != nil {
 					return nil, decodeErr(name, fmt.Sprintf("nodes[%d]", i), err)
 				}
-				n, err := convertNode(&rn, name, i)
+				n, err := convertNode(&rn, name, i, &strs)
 				if err != nil {
 					return nil, err
 				}
 				if seen[n.id] {
 					return nil, &ParseError{File: name, Where: fmt.Sprintf("node %d", n.id), Field: "id", Err: errors.New("duplicate node id")}
+				}
+				if args += len(n.in) + len(n.out); args > MaxTensorArgs {
+					return nil, &ParseError{File: name, Where: fmt.Sprintf("node %d", n.id), Err: fmt.Errorf("more than %d tensor arguments in the file", MaxTensorArgs)}
 				}
 				seen[n.id] = true
 				doc.nodes = append(doc.nodes, n)
@@ -143,7 +154,7 @@ func readET(r io.Reader, name string) (*etDoc, error) {
 	if err := expectDelim(dec, '}', name, ""); err != nil {
 		return nil, err
 	}
-	if err := expectEnd(dec, r, name); err != nil {
+	if err := expectEnd(dec, name); err != nil {
 		return nil, err
 	}
 	if !sawNodes {
@@ -170,7 +181,7 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-func convertNode(rn *rawNode, file string, idx int) (*etNode, error) {
+func convertNode(rn *rawNode, file string, idx int, strs *interner) (*etNode, error) {
 	where := fmt.Sprintf("nodes[%d]", idx)
 	if rn.ID == nil {
 		return nil, &ParseError{File: file, Where: where, Field: "id", Err: errors.New("missing")}
@@ -183,7 +194,10 @@ func convertNode(rn *rawNode, file string, idx int) (*etNode, error) {
 	if rn.Name == nil {
 		return nil, bad("name", errors.New("missing"))
 	}
-	n.name = *rn.Name
+	var err error
+	if n.name, err = strs.get(*rn.Name); err != nil {
+		return nil, bad("name", err)
+	}
 	switch {
 	case rn.CtrlDeps != nil:
 		n.parent, n.hasParent = *rn.CtrlDeps, true
@@ -212,8 +226,13 @@ func convertNode(rn *rawNode, file string, idx int) (*etNode, error) {
 				n.fwTid = v
 			}
 		case "op_schema":
-			if err := json.Unmarshal(raw, &n.schema); err != nil {
+			var schema string
+			if err := json.Unmarshal(raw, &schema); err != nil {
 				return bad(field, errors.New("want a string"))
+			}
+			var err error
+			if n.schema, err = strs.get(schema); err != nil {
+				return bad(field, err)
 			}
 		}
 		return nil
@@ -231,11 +250,10 @@ func convertNode(rn *rawNode, file string, idx int) (*etNode, error) {
 			return nil, err
 		}
 	}
-	var err error
-	if n.in, err = parseIO(rn.Inputs, rn.InShapes, rn.InTypes, "inputs", bad); err != nil {
+	if n.in, err = parseIO(rn.Inputs, rn.InShapes, rn.InTypes, "inputs", bad, strs); err != nil {
 		return nil, err
 	}
-	if n.out, err = parseIO(rn.Outputs, rn.OutShape, rn.OutTypes, "outputs", bad); err != nil {
+	if n.out, err = parseIO(rn.Outputs, rn.OutShape, rn.OutTypes, "outputs", bad, strs); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -262,7 +280,7 @@ func parseInt(raw json.RawMessage) (int64, error) {
 
 // parseIO reads the tensor arguments of inputs or outputs. Only values whose
 // type names a tensor (Tensor(...), or a GenericList of them) are read.
-func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, error) error) ([]tensorRef, error) {
+func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, error) error, strs *interner) ([]tensorRef, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
@@ -270,6 +288,10 @@ func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, 
 	switch bytes.TrimSpace(raw)[0] {
 	case '{':
 		if err := json.Unmarshal(raw, &rio); err != nil {
+			var le *listError
+			if errors.As(err, &le) {
+				return nil, bad(field, err)
+			}
 			return nil, bad(field, fmt.Errorf("want {values, shapes, types}: %v", err))
 		}
 	case '[': // schema 1.0.1: parallel lists
@@ -305,6 +327,9 @@ func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, 
 		f := fmt.Sprintf("%s.values[%d]", field, i)
 		if strings.HasPrefix(typ, "Tensor") {
 			t, ok, err := parseTensor(v, sh, st, tensorDType(typ))
+			if err == nil && ok {
+				err = t.intern(strs)
+			}
 			if err != nil {
 				return nil, bad(f, err)
 			}
@@ -314,8 +339,12 @@ func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, 
 			continue
 		}
 		// A list of tensors: GenericList[Tensor(float),Tensor(float),...].
-		var elems, shs, sts []json.RawMessage
+		var elems, shs, sts rawList
 		if err := json.Unmarshal(v, &elems); err != nil {
+			var le *listError
+			if errors.As(err, &le) {
+				return nil, bad(f, err)
+			}
 			continue // "<None>" or a scalar in an optional list
 		}
 		_ = json.Unmarshal(sh, &shs)
@@ -327,6 +356,9 @@ func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, 
 				dt = dts[j]
 			}
 			t, ok, err := parseTensor(e, at(shs, j), at(sts, j), dt)
+			if err == nil && ok {
+				err = t.intern(strs)
+			}
 			if err != nil {
 				return nil, bad(fmt.Sprintf("%s[%d]", f, j), err)
 			}
@@ -336,6 +368,15 @@ func parseIO(raw, shapes, types json.RawMessage, field string, bad func(string, 
 		}
 	}
 	return refs, nil
+}
+
+// intern makes the dtype and device shared copies.
+func (t *tensorRef) intern(strs *interner) (err error) {
+	if t.dtype, err = strs.get(t.dtype); err != nil {
+		return err
+	}
+	t.device, err = strs.get(t.device)
+	return err
 }
 
 func at(l []json.RawMessage, i int) json.RawMessage {
@@ -349,10 +390,14 @@ func at(l []json.RawMessage, i int) json.RawMessage {
 // ok is false for values that name no device storage: undefined tensors
 // (storage 0 or no device), CPU and meta tensors, and empty views.
 func parseTensor(v, shape, strides json.RawMessage, dtype string) (tensorRef, bool, error) {
-	var parts []json.RawMessage
+	var parts rawList
 	if err := json.Unmarshal(v, &parts); err != nil {
 		if len(v) > 0 && (v[0] == '"' || string(v) == "null") {
 			return tensorRef{}, false, nil // "<None>": an absent optional tensor
+		}
+		var le *listError
+		if errors.As(err, &le) {
+			return tensorRef{}, false, fmt.Errorf("want 6 elements [tensor_id, storage_id, offset, numel, itemsize, device], got %d", le.n)
 		}
 		return tensorRef{}, false, errors.New("want [tensor_id, storage_id, offset, numel, itemsize, device]")
 	}
@@ -379,9 +424,7 @@ func parseTensor(v, shape, strides json.RawMessage, dtype string) (tensorRef, bo
 		return tensorRef{}, false, nil
 	}
 	t := tensorRef{storage: sid, dtype: dtype, device: dev, itemsize: item}
-	var sh, st []int64
-	_ = json.Unmarshal(shape, &sh)
-	_ = json.Unmarshal(strides, &st)
+	sh, st := dims(shape), dims(strides)
 	t.shape = sh
 	// The view spans offset + 1 + sum((size-1)*stride) elements; a broadcast
 	// (stride 0) view spans far fewer than numel. Without strides assume a
@@ -409,6 +452,18 @@ func parseTensor(v, shape, strides json.RawMessage, dtype string) (tensorRef, bo
 	}
 	t.bytes = ext * item
 	return t, true, nil
+}
+
+// dims reads a shape or strides list; nil when it is not a list of
+// integers or has more than trace.MaxShapeDims of them.
+func dims(raw json.RawMessage) []int64 {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) < 2 || raw[0] != '[' || raw[len(raw)-1] != ']' || jsonio.CountElements(raw) > trace.MaxShapeDims {
+		return nil
+	}
+	var d []int64
+	_ = json.Unmarshal(raw, &d) // what it could read, as before the cap
+	return d
 }
 
 // tensorDType maps "Tensor(c10::BFloat16)" to "bfloat16".
@@ -484,7 +539,7 @@ func overload(name, schema string) string {
 
 // JSON streaming helpers shared by both decoders.
 
-func expectDelim(dec *json.Decoder, d json.Delim, name, field string) error {
+func expectDelim(dec *decoder, d json.Delim, name, field string) error {
 	tok, err := dec.Token()
 	if err != nil {
 		return readErr(name, "", wrapField(field, err))
@@ -502,7 +557,7 @@ func wrapField(field string, err error) error {
 	return fmt.Errorf("in %q: %w", field, err)
 }
 
-func objectKey(dec *json.Decoder, name, where string) (string, error) {
+func objectKey(dec *decoder, name, where string) (string, error) {
 	tok, err := dec.Token()
 	if err != nil {
 		return "", readErr(name, where, err)
@@ -514,32 +569,21 @@ func objectKey(dec *json.Decoder, name, where string) (string, error) {
 	return key, nil
 }
 
-// skipValue reads past one value without keeping it.
-func skipValue(dec *json.Decoder, name, field string) error {
-	depth := 0
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return readErr(name, "", wrapField(field, err))
-		}
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				depth++
-			default:
-				depth--
-			}
-		}
-		if depth == 0 {
-			return nil
-		}
+// skipValue reads past one value, at most MaxValueBytes of it, without
+// decoding it: the decoder's scan is tens of times faster than a token at
+// a time.
+func skipValue(dec *decoder, name, field string) error {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return readErr(name, "", wrapField(clip(field), err))
 	}
+	return nil
 }
 
 // expectEnd checks that only white space follows the document, reading the
 // stream to its end so that a gzip stream verifies its length and checksum.
-func expectEnd(dec *json.Decoder, r io.Reader, name string) error {
-	rest := io.MultiReader(dec.Buffered(), r)
+func expectEnd(dec *decoder, name string) error {
+	rest := dec.rest()
 	buf := make([]byte, 4<<10) // usually a newline is left, if anything
 	for {
 		n, err := rest.Read(buf)
@@ -560,6 +604,10 @@ func decodeErr(name, where string, err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
 		return &ParseError{File: name, Where: where, Field: te.Field, Err: fmt.Errorf("want %s, got JSON %s", te.Type, te.Value)}
+	}
+	var le *listError
+	if errors.As(err, &le) {
+		return &ParseError{File: name, Where: where, Field: "attrs", Err: err} // the one list a node decodes whole
 	}
 	return readErr(name, where, err)
 }

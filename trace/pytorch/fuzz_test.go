@@ -3,6 +3,7 @@ package pytorch
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/chameleon-go/chameleon/trace"
@@ -37,6 +38,21 @@ func FuzzImport(f *testing.F) {
 	f.Add(gz([]byte(seedET)), gz([]byte(seedKineto)))
 	f.Add([]byte("garbage"), []byte("{"))
 	f.Add([]byte{0x1f, 0x8b, 8, 0}, []byte{})
+	// Small forms (small for the minimizer's sake) of the hostile inputs
+	// of limits_test.go: a long string in a node, an event and a skipped
+	// key, long lists (attrs, a tensor list, tensor parts, a shape), many
+	// devices, blanks.
+	long := strings.Repeat("a", 64)
+	f.Add([]byte(`{"nodes":[{"id":1,"name":"`+long+`"}]}`), []byte(seedKineto))
+	f.Add([]byte(seedET), []byte(`{"traceEvents":[{"ph":"X","cat":"cpu_op","ts":1,"dur":1,"name":"`+long+`"}]}`))
+	f.Add([]byte(`{"pid":"`+long+`","nodes":[]}`), []byte(seedKineto))
+	f.Add([]byte(`{"nodes":[{"id":1,"name":"aten::mm","attrs":[{}`+strings.Repeat(",{}", 16)+`]}]}`), []byte(seedKineto))
+	f.Add([]byte(`{"nodes":[{"id":1,"name":"aten::mm","rf_id":1,"inputs":{"values":[[[1,2,0,4,4,"cuda:0"]`+strings.Repeat(`,[1,2,0,4,4,"cuda:0"]`, 4)+`]],`+
+		`"shapes":[[[2,2]]],"types":["GenericList[Tensor(float)]"]},"outputs":{"values":[[3,4,0,4,4,"cuda:0",0,0]],"types":["Tensor(float)"]}}]}`), []byte(seedKineto))
+	f.Add([]byte(`{"nodes":[{"id":1,"name":"aten::mm","rf_id":1,"inputs":{"values":[[1,2,0,4,4,"cuda:0"]],"types":["Tensor(float)"],`+
+		`"shapes":[[`+strings.Repeat("1,", 8)+`1]],"strides":[[`+strings.Repeat("1,", 8)+`1]]}}]}`), []byte(seedKineto))
+	f.Add([]byte(seedET), []byte(`{"deviceProperties":[{"name":"H200"}`+strings.Repeat(`,{}`, 16)+`],"traceEvents":[]}`))
+	f.Add(gz([]byte(`{"nodes":[`+strings.Repeat(" \n", 16)+`]}`)), gz([]byte(seedKineto+strings.Repeat("\n", 16))))
 	f.Fuzz(func(t *testing.T, et, k []byte) {
 		res, err := Load(bytes.NewReader(et), "et", bytes.NewReader(k), "k")
 		if err != nil {

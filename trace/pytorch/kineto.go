@@ -48,6 +48,7 @@ type kinetoDoc struct {
 	mem        []memEvent
 	steps      []cpuOp // ProfilerStep#N
 	deviceName string
+	strs       interner
 }
 
 type rawEvent struct {
@@ -70,10 +71,10 @@ type rawArgs struct {
 	DevID   json.RawMessage `json:"Device Id"`
 }
 
-// readKineto decodes a Kineto (Chrome trace) JSON one event at a time.
+// readKineto decodes a Kineto (Chrome trace) JSON one event at a time,
+// within the limits of the package.
 func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
-	r = newSqueezer(r)
-	dec := json.NewDecoder(r)
+	dec := newDecoder(r)
 	if err := expectDelim(dec, '{', name, ""); err != nil {
 		return nil, err
 	}
@@ -91,8 +92,11 @@ func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
 				return nil, err
 			}
 			for i := 0; dec.More(); i++ {
-				var ev rawEvent
 				where := fmt.Sprintf("traceEvents[%d]", i)
+				if i >= MaxEvents {
+					return nil, &ParseError{File: name, Where: where, Err: fmt.Errorf("more than %d events", MaxEvents)}
+				}
+				var ev rawEvent
 				if err := dec.Decode(&ev); err != nil {
 					return nil, decodeErr(name, where, err)
 				}
@@ -104,14 +108,8 @@ func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
 				return nil, err
 			}
 		case "deviceProperties":
-			var props []struct {
-				Name string `json:"name"`
-			}
-			if err := dec.Decode(&props); err != nil {
-				return nil, decodeErr(name, "deviceProperties", err)
-			}
-			if len(props) > 0 {
-				doc.deviceName = props[0].Name
+			if err := doc.deviceProperties(dec, name); err != nil {
+				return nil, err
 			}
 		default:
 			if err := skipValue(dec, name, key); err != nil {
@@ -122,7 +120,7 @@ func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
 	if err := expectDelim(dec, '}', name, ""); err != nil {
 		return nil, err
 	}
-	if err := expectEnd(dec, r, name); err != nil {
+	if err := expectEnd(dec, name); err != nil {
 		return nil, err
 	}
 	if !sawEvents {
@@ -138,6 +136,39 @@ func readKineto(r io.Reader, name string) (*kinetoDoc, error) {
 		return 0
 	})
 	return doc, nil
+}
+
+// deviceProperties reads the list of devices one at a time and keeps the
+// name of the first.
+func (d *kinetoDoc) deviceProperties(dec *decoder, file string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return readErr(file, "deviceProperties", err)
+	}
+	switch tok {
+	case nil:
+		return nil
+	case json.Delim('['):
+	default:
+		return &ParseError{File: file, Where: "deviceProperties", Err: fmt.Errorf("want a list, got %v", tok)}
+	}
+	for i := 0; dec.More(); i++ {
+		if i >= MaxListLen {
+			return &ParseError{File: file, Where: "deviceProperties", Err: fmt.Errorf("more than %d devices", MaxListLen)}
+		}
+		var p struct {
+			Name string `json:"name"`
+		}
+		if err := dec.Decode(&p); err != nil {
+			return decodeErr(file, fmt.Sprintf("deviceProperties[%d]", i), err)
+		}
+		if i == 0 {
+			if d.deviceName, err = d.strs.get(p.Name); err != nil {
+				return &ParseError{File: file, Where: "deviceProperties[0]", Field: "name", Err: err}
+			}
+		}
+	}
+	return expectDelim(dec, ']', file, "deviceProperties")
 }
 
 func (d *kinetoDoc) add(ev *rawEvent, file, where string) error {
@@ -219,7 +250,11 @@ func (d *kinetoDoc) add(ev *rawEvent, file, where string) error {
 		}
 		d.mem = append(d.mem, m)
 	case 2:
-		op := cpuOp{name: ev.Name, ts: ts, dur: dur}
+		name, err := d.strs.get(ev.Name)
+		if err != nil {
+			return bad("name", err)
+		}
+		op := cpuOp{name: name, ts: ts, dur: dur}
 		if op.ext, err = optInt("args.External id", a.ExtID, -1); err != nil {
 			return err
 		}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pytorch
+
+const raceEnabled = false
