@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -145,6 +146,8 @@ func TestNewValidates(t *testing.T) {
 	// More than the device has.
 	_, err = chameleon.New(dev, chameleon.WithMemoryLimit(2<<20))
 	assert.Error(t, err)
+	_, err = chameleon.New(dev, chameleon.WithMemoryLimit(math.MaxInt64))
+	assert.ErrorContains(t, err, "more than the 1125899906842624 bytes (1 PiB) any device holds")
 	bad := seq.DefaultConfig()
 	bad.M = -1
 	tests := []struct {

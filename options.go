@@ -121,9 +121,16 @@ func (c *config) planPath() []plan.Option {
 	return append(append(opts, c.planOpts...), plan.WithPlanOptions(c.mreOpts...))
 }
 
+// maxLimit is the largest memory limit New takes: 1 PiB, far above any
+// device, and far from the rounding that would overflow an int64.
+const maxLimit = 1 << 50
+
 func (c *config) validate() error {
 	if c.limit <= 0 {
 		return errors.New("chameleon: a memory limit is required (WithMemoryLimit)")
+	}
+	if c.limit > maxLimit {
+		return fmt.Errorf("chameleon: WithMemoryLimit(%d): more than the %d bytes (1 PiB) any device holds", c.limit, int64(maxLimit))
 	}
 	if err := c.detect.Validate(); err != nil {
 		return fmt.Errorf("chameleon: WithDetection: %w", err)

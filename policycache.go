@@ -2,7 +2,6 @@ package chameleon
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"slices"
 
 	"github.com/chameleon-go/chameleon/internal/controller"
+	"github.com/chameleon-go/chameleon/internal/policyfile"
 	"github.com/chameleon-go/chameleon/simulate"
 )
 
@@ -93,15 +93,15 @@ func (e *Engine) encodePolicies() ([]byte, error) {
 
 // encodeCache is the policy file of ps, in their order.
 func encodeCache(ps []*policy, last *policyKey) ([]byte, error) {
-	out := fileCache{Format: policyFormatName, Version: policyVersion, Policies: []filePolicy{}, Last: last}
+	out := policyfile.File{Last: last}
 	for _, p := range ps {
 		out.Policies = append(out.Policies, encodePolicy(p))
 	}
-	data, err := json.Marshal(out)
+	data, err := policyfile.Encode(out)
 	if err != nil {
 		return nil, fmt.Errorf("chameleon: encode policies: %w", err)
 	}
-	return append(data, '\n'), nil
+	return data, nil
 }
 
 // LoadPolicies adds the policies SavePolicies wrote (or a version 1 file
@@ -112,11 +112,11 @@ func encodeCache(ps []*policy, last *policyKey) ([]byte, error) {
 // (Stats.PolicyUpdates). The first iteration whose sequence matches one
 // adopts it and the next runs STABLE.
 func (e *Engine) LoadPolicies(r io.Reader, name string) error {
-	data, err := io.ReadAll(io.LimitReader(r, maxPolicyFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(r, policyfile.MaxFileBytes+1))
 	if err != nil {
 		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
 	}
-	fc, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
+	fc, err := policyfile.Decode(data, policyfile.Config{MaxTensor: e.cfg.limit})
 	if err != nil {
 		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
 	}
@@ -164,11 +164,15 @@ func (e *Engine) SavePolicyFile(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(path, data, policySaveHooks); err != nil {
+	if err := policyfile.WriteAtomic(path, data, policySaveHooks); err != nil {
 		return fmt.Errorf("chameleon: save policy file %s: %w", path, err)
 	}
 	return nil
 }
+
+// policySaveHooks are those of SavePolicyFile: none, in 1 MiB writes (a
+// test sets others: SetPolicySaveStep).
+var policySaveHooks = policyfile.SaveHooks{Chunk: 1 << 20}
 
 // LoadPolicyFile reads a policy cache written by SavePolicyFile
 // (LoadPolicies).

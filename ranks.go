@@ -11,6 +11,7 @@ import (
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/internal/controller"
+	"github.com/chameleon-go/chameleon/internal/policyfile"
 	"github.com/chameleon-go/chameleon/plan"
 )
 
@@ -311,10 +312,10 @@ func (e *Engine) landShared(ctx context.Context, j *planJob, r *Result) {
 // link or device, or when it holds more pinned memory than this rank's
 // share.
 func (e *Engine) decodeShared(data []byte) ([]*policy, error) {
-	if len(data) > maxPolicyFileBytes {
-		return nil, fmt.Errorf("%d bytes, above the %d a policy file may have", len(data), maxPolicyFileBytes)
+	if len(data) > policyfile.MaxFileBytes {
+		return nil, fmt.Errorf("%d bytes, above the %d a policy file may have", len(data), policyfile.MaxFileBytes)
 	}
-	fc, err := decodePolicies(data, decodeConfig{maxTensor: e.cfg.limit})
+	fc, err := policyfile.Decode(data, policyfile.Config{MaxTensor: e.cfg.limit})
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package chameleon
+package policyfile
 
 import (
 	"errors"
@@ -7,27 +7,28 @@ import (
 	"path/filepath"
 )
 
-// saveHooks lets a test interrupt a save: step is called before each
-// write of at most chunk bytes ("write"), the file's sync ("sync"), its
-// close ("close"), the rename ("rename") and the directory's sync
-// ("syncdir"); an error from it fails that step as a crash or a full disk
-// would.
-type saveHooks struct {
-	chunk int
-	step  func(what string) error
+// SaveHooks are how WriteAtomic writes, and let a test interrupt it.
+type SaveHooks struct {
+	// Chunk is the most bytes of one write; 0: all in one.
+	Chunk int
+	// Step, when not nil, is called before each write ("write"), the
+	// file's sync ("sync"), its close ("close"), the rename ("rename") and
+	// the directory's sync ("syncdir"); an error from it fails that step
+	// as a crash or a full disk would.
+	Step func(what string) error
 }
 
-// policySaveHooks are those of SavePolicyFile: none, in 1 MiB writes.
-var policySaveHooks = saveHooks{chunk: 1 << 20}
-
-// writeFileAtomic replaces path with data, or leaves it as it was: data
-// goes to a temporary file in path's directory, which is synced, closed
-// and renamed over path, and the directory is synced so that the rename
-// survives a power loss. On failure the temporary file is removed.
-func writeFileAtomic(path string, data []byte, h saveHooks) (err error) {
+// WriteAtomic replaces path with data, or leaves it as it was: data goes
+// to a temporary file in path's directory (.NAME.tmp-*), which is synced,
+// closed and renamed over path (keeping the permissions of the file it
+// replaces, 0644 for a new one), and the directory is synced so that the
+// rename survives a power loss. On a failure up to the rename the
+// temporary file is removed and path is as it was; an error of Step at
+// "syncdir" comes joined with ErrRenamed, the new file being in place.
+func WriteAtomic(path string, data []byte, h SaveHooks) (err error) {
 	step := func(what string) error {
-		if h.step != nil {
-			return h.step(what)
+		if h.Step != nil {
+			return h.Step(what)
 		}
 		return nil
 	}
@@ -53,7 +54,7 @@ func writeFileAtomic(path string, data []byte, h saveHooks) (err error) {
 			os.Remove(tmp)
 		}
 	}()
-	chunk := h.chunk
+	chunk := h.Chunk
 	if chunk <= 0 {
 		chunk = len(data) + 1
 	}
@@ -95,14 +96,15 @@ func writeFileAtomic(path string, data []byte, h saveHooks) (err error) {
 	// The new file is in place: from here a failure is reported but the
 	// temporary name is gone, so nothing is removed.
 	if err := step("syncdir"); err != nil {
-		return errors.Join(err, errRenamed)
+		return errors.Join(err, ErrRenamed)
 	}
 	return syncDir(dir)
 }
 
-// errRenamed says that a save failed after its file was in place.
-var errRenamed = errors.New("the new file is in place but its directory was not synced")
+// ErrRenamed says that a save failed after its file was in place.
+var ErrRenamed = errors.New("the new file is in place but its directory was not synced")
 
+// syncDir syncs the directory dir, where the system can.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
