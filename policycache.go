@@ -175,8 +175,12 @@ func (e *Engine) SavePolicyFile(path string) error {
 var policySaveHooks = policyfile.SaveHooks{Chunk: 1 << 20}
 
 // LoadPolicyFile reads a policy cache written by SavePolicyFile
-// (LoadPolicies).
+// (LoadPolicies), after removing the temporaries a killed save left beside
+// it (policyfile.CleanStale).
 func (e *Engine) LoadPolicyFile(path string) error {
+	if n := policyfile.CleanStale(path); n > 0 {
+		e.cfg.logger.Info("chameleon: removed the temporaries a killed save left", "file", path, "removed", n)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("chameleon: policy file: %w", err)
