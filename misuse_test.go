@@ -1,6 +1,9 @@
 package chameleon_test
 
 import (
+	"io"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -120,4 +123,24 @@ func TestOpMisuseIsRefused(t *testing.T) {
 	require.NoError(t, it.After(op))
 	require.NoError(t, it.End().Err)
 	require.NoError(t, e.Release(x))
+}
+
+// TestPolicyFileAfterClose: saving or loading policies after Close is
+// ErrClosed, and a policy file over the cap is refused unread.
+func TestPolicyFileAfterClose(t *testing.T) {
+	dev, err := host.New(1 << 20)
+	require.NoError(t, err)
+	defer dev.Close()
+	e, err := chameleon.New(dev, chameleon.WithMemoryLimit(256<<10))
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "p.json")
+	big, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, big.Truncate(513<<20)) // sparse: nothing is read
+	require.NoError(t, big.Close())
+	assert.ErrorContains(t, e.LoadPolicyFile(path), "larger than the")
+	require.NoError(t, e.Close())
+	assert.ErrorIs(t, e.SavePolicyFile(path), chameleon.ErrClosed)
+	assert.ErrorIs(t, e.LoadPolicyFile(path), chameleon.ErrClosed)
+	assert.ErrorIs(t, e.SavePolicies(io.Discard), chameleon.ErrClosed)
 }

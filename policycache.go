@@ -66,6 +66,9 @@ func (c *policyCache) len() int {
 // so a restarted or migrated job starts STABLE on the sequences it has
 // seen (LoadPolicies) and can plan them again without profiling.
 func (e *Engine) SavePolicies(w io.Writer) error {
+	if e.isClosed() {
+		return ErrClosed
+	}
 	data, err := e.encodePolicies()
 	if err != nil {
 		return err
@@ -112,6 +115,9 @@ func encodeCache(ps []*policy, last *policyKey) ([]byte, error) {
 // (Stats.PolicyUpdates). The first iteration whose sequence matches one
 // adopts it and the next runs STABLE.
 func (e *Engine) LoadPolicies(r io.Reader, name string) error {
+	if e.isClosed() {
+		return ErrClosed
+	}
 	data, err := io.ReadAll(io.LimitReader(r, policyfile.MaxFileBytes+1))
 	if err != nil {
 		return fmt.Errorf("chameleon: policy file %s: %w", name, err)
@@ -160,6 +166,9 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 // syncs it, renames it over path and syncs the directory. A crash at any
 // point leaves path as it was or as it is now, never damaged.
 func (e *Engine) SavePolicyFile(path string) error {
+	if e.isClosed() {
+		return ErrClosed
+	}
 	data, err := e.encodePolicies()
 	if err != nil {
 		return err
@@ -178,6 +187,9 @@ var policySaveHooks = policyfile.SaveHooks{Chunk: 1 << 20}
 // (LoadPolicies), after removing the temporaries a killed save left beside
 // it (policyfile.CleanStale).
 func (e *Engine) LoadPolicyFile(path string) error {
+	if e.isClosed() {
+		return ErrClosed
+	}
 	if n := policyfile.CleanStale(path); n > 0 {
 		e.cfg.logger.Info("chameleon: removed the temporaries a killed save left", "file", path, "removed", n)
 	}
@@ -186,6 +198,10 @@ func (e *Engine) LoadPolicyFile(path string) error {
 		return fmt.Errorf("chameleon: policy file: %w", err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > policyfile.MaxFileBytes {
+		// Refused unread.
+		return fmt.Errorf("chameleon: policy file %s: %d bytes: larger than the %d bytes a policy file may have", path, st.Size(), int64(policyfile.MaxFileBytes))
+	}
 	return e.LoadPolicies(f, path)
 }
 
@@ -233,3 +249,9 @@ func (c *config) link() simulate.Link {
 
 // CachedPolicies is the number of policies in the cache.
 func (e *Engine) CachedPolicies() int { return e.cache.len() }
+
+// isClosed reports whether Close ran.
+func (e *Engine) isClosed() bool {
+	defer e.rlock()()
+	return e.closed
+}
