@@ -127,7 +127,7 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	cfg.planning = cfg.planPath()
-	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache()}
+	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache(cfg.detect.MaxMemoryDelta)}
 	e.work, e.stop = context.WithCancel(context.Background())
 	e.ctl = controller.New(controller.Config{M: cfg.detect.M, MemDelta: cfg.detect.MaxMemoryDelta, StaleMatch: cfg.staleMatch,
 		Limit: cfg.limit, NoPlace: cfg.noPlace, Ranks: cfg.ranks.active()})

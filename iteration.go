@@ -452,7 +452,7 @@ func (e *Engine) carryOut(d controller.Ready, key policyKey, r *Result) {
 		e.stats.Refined++
 	}
 	if d.Adopt {
-		e.setPolicy(e.cache.get(key, e.cfg.detect.MaxMemoryDelta))
+		e.setPolicy(e.cache.get(key))
 		e.det.Adopt()
 		r.CacheHit = true
 		e.stats.CacheHits++
@@ -463,7 +463,7 @@ func (e *Engine) carryOut(d controller.Ready, key policyKey, r *Result) {
 		e.stats.CacheHits++
 	}
 	if d.Expect != nil {
-		if p := e.cache.get(*d.Expect, e.cfg.detect.MaxMemoryDelta); p != nil && p != e.policy {
+		if p := e.cache.get(*d.Expect); p != nil && p != e.policy {
 			e.setPolicy(p)
 			e.ctl.Expected(p.id)
 			e.stats.Expected++

@@ -214,7 +214,7 @@ func (p *policy) reset() {
 
 // cached reports whether the cache holds a policy for k.
 func (e *Engine) cached(k policyKey) bool {
-	return e.cache.get(k, e.cfg.detect.MaxMemoryDelta) != nil
+	return e.cache.get(k) != nil
 }
 
 // simulated records the plan's simulation as the executor issues it, its

@@ -23,13 +23,18 @@ type policyKey = controller.Key
 // policy with no new warm-up.
 type policyCache struct {
 	byHash map[uint64][]*policy
+	// memDelta is the detection's memory threshold: the one rule of what
+	// is the same sequence (controller.Key.Same), held here once.
+	memDelta float64
 }
 
-func newPolicyCache() *policyCache { return &policyCache{byHash: map[uint64][]*policy{}} }
+func newPolicyCache(memDelta float64) *policyCache {
+	return &policyCache{byHash: map[uint64][]*policy{}, memDelta: memDelta}
+}
 
-func (c *policyCache) get(k policyKey, memDelta float64) *policy {
+func (c *policyCache) get(k policyKey) *policy {
 	for _, p := range c.byHash[k.Hash] {
-		if k.Same(p.key, memDelta) {
+		if c.same(k, p.key) {
 			return p
 		}
 	}
@@ -87,7 +92,7 @@ func (e *Engine) encodePolicies() ([]byte, error) {
 	})
 	var last *policyKey
 	if k, ok := e.ctl.Latest(); ok {
-		if p := e.cache.get(k, e.cfg.detect.MaxMemoryDelta); p != nil {
+		if p := e.cache.get(k); p != nil {
 			last = &p.key
 		}
 	}
@@ -156,7 +161,7 @@ func (e *Engine) LoadPolicies(r io.Reader, name string) error {
 	}
 	if fc.Last != nil && e.stats.Iterations == 0 && !e.it.active {
 		// Applied from the first iteration (Begin).
-		e.restart = e.cache.get(*fc.Last, e.cfg.detect.MaxMemoryDelta)
+		e.restart = e.cache.get(*fc.Last)
 	}
 	return nil
 }
@@ -255,3 +260,6 @@ func (e *Engine) isClosed() bool {
 	defer e.rlock()()
 	return e.closed
 }
+
+// same reports whether two signatures name the same sequence.
+func (c *policyCache) same(a, b policyKey) bool { return a.Same(b, c.memDelta) }

@@ -285,7 +285,7 @@ func (e *Engine) landShared(ctx context.Context, j *planJob, r *Result) {
 	}
 	var p *policy
 	for _, q := range ps {
-		if q.key.Same(key, e.cfg.detect.MaxMemoryDelta) {
+		if e.cache.same(q.key, key) {
 			p = q
 			continue
 		}
