@@ -137,9 +137,6 @@ func (e *Engine) landPlan(ctx context.Context, j *planJob, r *Result) {
 		return
 	}
 	e.tm.planned(pol, j.res)
-	if pol != nil && j.res.Exec != nil {
-		pol.simulated(j.res.Exec)
-	}
 	r.Plan = j.res
 	if l.Failed {
 		r.PlanError = j.err

@@ -16,45 +16,54 @@ import (
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// policy is a plan in force: what to swap, matched to live tensors by
-// features, scheduled by op index.
+// policy is a plan in force: its schedule (what to swap and recompute,
+// when, and where the layout puts each block), what the current iteration
+// bound to it (the live tensors it matched), and what the Engine learns of
+// it as it runs.
 type policy struct {
-	key policyKey
-	// here: planned (or updated) by this Engine, from its own profile; one
-	// from a policy file or another rank is run as it came.
-	here bool
+	schedule
+	binding
 	// disturbed: planned on times measured in an iteration that forced
 	// evictions (lifecycle: refine).
 	disturbed bool
-	swaps     []simulate.Swap
+	// eng binds a loaded policy's persistent tensors, by ID, when the
+	// restarted job has made them (bindPersistent); binds counts the tries.
+	eng *Engine
+	// timing is its layers and their times, for a policy planned here.
+	timing *policyTiming
+	// hostReserved: the host pool was sized for the policy (reserveHost).
+	hostReserved bool
+	// id is its number once put in force (Engine.setPolicy), 0 before.
+	id uint64
+}
+
+// schedule is what a plan says, made once by newPolicy from a policySpec
+// and never changed after (simulated sets its simulation, once).
+type schedule struct {
+	key policyKey
+	// here: planned (or updated) by this Engine, from its own profile; one
+	// from a policy file or another rank is run as it came.
+	here  bool
+	swaps []simulate.Swap
 	// tensors describes, per swap, the planned activation (zero for a
 	// persistent tensor): what matching and the policy file need.
 	tensors []plannedTensor
-	// fixed holds, per swap, the persistent tensor it moves (parameters,
-	// optimizer state keep their handle across iterations, so they need no
-	// matching), nil for a swap of an activation, found by matching.
-	fixed   []*Tensor
 	outAt   map[int][]int32
 	inAt    map[int][]int32
-	matcher *match.Matcher
 	// Per matcher index, the swaps and recomputes of that tensor (over
 	// different gaps).
 	matchSwap, matchRC [][]int32
-	live               []*Tensor
-	matched            int
 	// recomputes are the tensors dropped and made again, rtensors what
 	// matches them; filed by producer, drop and use, with this iteration's
 	// state in rlive.
 	recomputes            []simulate.Recompute
 	rtensors              []plannedTensor
-	rlive                 []rcLive
 	prodAt, dropAt, recAt map[int][]int32
 	// remade are the inputs recomputes make again, one slot per tensor:
 	// what matches them, their producer, how many recomputes use each, and
 	// per recompute its slots.
 	remade   []simulate.Remade
 	mtensors []plannedTensor
-	rmlive   []rmLive
 	rmProdAt map[int][]int32
 	rmUsers  []int
 	rcRemade [][]int32
@@ -69,23 +78,29 @@ type policy struct {
 	issue *simulate.IssuePlan
 	env   policyEnv
 	prof  *profiled
-	// eng binds a loaded policy's persistent tensors, by ID, when the
-	// restarted job has made them (bindPersistent); binds counts the tries.
-	eng   *Engine
-	binds int
-	// timing is its layers and their times, for a policy planned here.
-	timing *policyTiming
 	// keepIn says, per swap, that the tensor's host copy is kept when it
 	// comes back: a later swap of it copies nothing out (NoCopyOut), as
 	// the plan counted (an activation swapped twice, unwritten between).
 	keepIn []bool
-	// hostReserved: the host pool was sized for the policy (reserveHost).
-	hostReserved bool
 	// layout is where the plan put its blocks (nil: none that fits, or a
 	// policy from a file or another rank).
 	layout *policyLayout
-	// id is its number once put in force (Engine.setPolicy), 0 before.
-	id uint64
+}
+
+// binding is what the iterations bound to a schedule: the tensors matched
+// to its swaps, recomputes and remade inputs (reset at each Begin, but for
+// the persistent tensors bound by handle), and the matcher's state.
+type binding struct {
+	// fixed holds, per swap, the persistent tensor it moves (parameters,
+	// optimizer state keep their handle across iterations, so they need no
+	// matching), nil for a swap of an activation, found by matching.
+	fixed   []*Tensor
+	matcher *match.Matcher
+	live    []*Tensor
+	matched int
+	rlive   []rcLive
+	rmlive  []rmLive
+	binds   int
 }
 
 // plannedTensor is what a policy knows of a planned activation: its device
@@ -122,16 +137,52 @@ func features(ptr, stack uint64, producer seq.Token, shape []int64) match.Featur
 // planned tensors. fixed may be nil (no persistent tensor
 // among the swaps), and so may ip (issue each copy at the plan's Out and
 // In) and rcs.
-func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.Swap, tensors []plannedTensor, fixed []*Tensor,
-	ip *simulate.IssuePlan, rcs []simulate.Recompute, rtensors, mtensors []plannedTensor, ordered bool) *policy {
+// policySpec is everything a policy is made of (newPolicy): the plan's
+// swaps and recomputes with what matches their tensors, and where it came
+// from.
+type policySpec struct {
+	key   policyKey
+	swaps []simulate.Swap
+	// tensors, per swap, what matches its activation (zero for a
+	// persistent tensor); fixed, per swap, the persistent tensor it moves,
+	// bound by handle (nil: none yet, bound by ID as the host makes them).
+	tensors []plannedTensor
+	fixed   []*Tensor
+	issue   *simulate.IssuePlan // nil: issued in the swaps' order
+	// recomputes and what matches their tensors (rtensors) and the inputs
+	// they make again (mtensors).
+	recomputes         []simulate.Recompute
+	rtensors, mtensors []plannedTensor
+	ordered            bool // the tensors carry their ordinals (match.NewOrdered)
+	// byID: its persistent tensors are bound by ID as the host makes them
+	// (bindPersistent: a policy of a file, or of another profile).
+	byID   bool
+	here   bool // planned here, from this Engine's profile
+	layout *policyLayout
+	env    policyEnv
+	prof   *profiled
+	exec   *simulate.Result // the plan's simulation, when known
+	simMS  float64          // its step, when exec is not known (a policy file's)
+}
+
+// newPolicy makes the policy of s for this Engine: its schedule indexed by
+// op, its tensors' matcher, an empty binding.
+func (e *Engine) newPolicy(s policySpec) *policy {
+	swaps, ip, rcs, fixed := s.swaps, s.issue, s.recomputes, s.fixed
 	if fixed == nil {
 		fixed = make([]*Tensor, len(swaps))
 	}
 	if ip == nil {
 		ip = simulate.Issue(swaps, nil)
 	}
-	p := &policy{key: key, swaps: swaps, tensors: tensors, fixed: fixed, issue: ip,
-		outAt: map[int][]int32{}, inAt: map[int][]int32{}, live: make([]*Tensor, len(swaps)), rtensors: rtensors, mtensors: mtensors}
+	p := &policy{}
+	if s.byID {
+		p.eng = e
+	}
+	p.schedule = schedule{key: s.key, here: s.here, swaps: swaps, tensors: s.tensors, issue: ip, layout: s.layout, env: s.env, prof: s.prof,
+		simMS: s.simMS, outAt: map[int][]int32{}, inAt: map[int][]int32{}, rtensors: s.rtensors, mtensors: s.mtensors}
+	p.binding = binding{fixed: fixed, live: make([]*Tensor, len(swaps))}
+	tensors, rtensors, mtensors, v := s.tensors, s.rtensors, s.mtensors, e.enc.Vocab
 	// Copy streams run copies in issue order: the plan's issue order (when,
 	// and in which order, its simulation started them) makes the streams
 	// run the planned schedule.
@@ -170,10 +221,10 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 	for m := range p.remade {
 		p.matchRM[add(p.remade[m].Tensor, &mtensors[m])] = int32(m)
 	}
-	if !ordered {
+	if !s.ordered {
 		ords = nil
 	}
-	p.matcher = match.NewOrdered(cfg, mf, ords)
+	p.matcher = match.NewOrdered(e.cfg.match, mf, ords)
 	p.keepIn = make([]bool, len(swaps))
 	for _, ks := range p.matchSwap {
 		for _, i := range ks {
@@ -184,7 +235,9 @@ func newPolicy(key policyKey, cfg match.Config, v *seq.Vocab, swaps []simulate.S
 			}
 		}
 	}
-
+	if s.exec != nil {
+		p.simulated(s.exec)
+	}
 	return p
 }
 
@@ -280,11 +333,10 @@ func (e *Engine) bind(snap *planSnapshot, res *plan.Result, key policyKey) *poli
 	}
 	rcs := slices.Clone(res.Recomputes())
 	rtensors, mtensors := recomputeTensors(rcs, made)
-	p := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, fixed, res.Issue, rcs, rtensors, mtensors, true)
-	p.here = true
-	p.layout = newPolicyLayout(res.Layout, len(swaps), len(rcs))
-	p.env, p.prof = e.env(), newProfiled(it, snap.hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })
-	return p
+	return e.newPolicy(policySpec{key: key, swaps: swaps, tensors: tensors, fixed: fixed, issue: res.Issue,
+		recomputes: rcs, rtensors: rtensors, mtensors: mtensors, ordered: true, here: true,
+		layout: newPolicyLayout(res.Layout, len(swaps), len(rcs)), env: e.env(), exec: res.Exec,
+		prof: newProfiled(it, snap.hostRecompute, func(id trace.TensorID) bool { return live[id] != nil })})
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.

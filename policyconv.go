@@ -224,16 +224,16 @@ func (e *Engine) decodePolicy(fp *policyfile.Policy) *policy {
 		rcs[k] = r.Sim()
 	}
 	rtensors, mtensors := recomputeTensors(rcs, planned)
-	p := newPolicy(fp.Key, e.cfg.match, e.enc.Vocab, swaps, tensors, nil, ip, rcs, rtensors, mtensors, fp.Ordered())
-	p.simMS, p.eng = fp.SimulatedMS, e
+	spec := policySpec{key: fp.Key, swaps: swaps, tensors: tensors, issue: ip, recomputes: rcs, rtensors: rtensors, mtensors: mtensors,
+		ordered: fp.Ordered(), byID: true, simMS: fp.SimulatedMS}
 	if a := fp.Assumed; a != nil {
-		p.env = policyEnv{Limit: a.LimitBytes, Device: a.Device,
+		spec.env = policyEnv{Limit: a.LimitBytes, Device: a.Device,
 			Link: simulate.Link{D2H: a.Link.D2H, H2D: a.Link.H2D, D2HShared: a.Link.D2HShared, H2DShared: a.Link.H2DShared}}
 	}
 	if fp.Profile != nil {
-		p.prof = profiledOf(fp.Profile)
+		spec.prof = profiledOf(fp.Profile)
 	}
-	return p
+	return e.newPolicy(spec)
 }
 
 // bindPersistent binds a loaded policy's swaps of persistent tensors to

@@ -62,7 +62,6 @@ func (e *Engine) update(p *policy) (*policy, error) {
 		replan = true
 	}
 	np := e.bindPlan(p.key, pr, res)
-	np.prof = pr
 	if replan {
 		e.stats.Replans++
 	} else {
@@ -97,13 +96,8 @@ func (e *Engine) bindPlan(key policyKey, pr *profiled, res *plan.Result) *policy
 	}
 	rcs := slices.Clone(res.Recomputes())
 	rtensors, mtensors := recomputeTensors(rcs, made)
-	np := newPolicy(key, e.cfg.match, e.enc.Vocab, swaps, tensors, nil, res.Issue, rcs, rtensors, mtensors, true)
-	np.here = true
-	np.env, np.eng = e.env(), e
-	if res.Exec != nil {
-		np.simulated(res.Exec)
-	}
-	return np
+	return e.newPolicy(policySpec{key: key, swaps: swaps, tensors: tensors, issue: res.Issue, recomputes: rcs,
+		rtensors: rtensors, mtensors: mtensors, ordered: true, here: true, byID: true, env: e.env(), exec: res.Exec, prof: pr})
 }
 
 // errNoUpdate wraps mre.ErrInfeasible: the planning path then tries the

@@ -31,7 +31,7 @@ func TestReuseFromCopyEnd(t *testing.T) {
 	link := simulate.Link{D2H: 1e9, H2D: 1e9, D2HShared: 1e9, H2DShared: 1e9}
 	ex, err := simulate.Run(simulate.Input{OpTimes: ops, Swaps: swaps, Link: link, Issue: simulate.Issue(swaps, nil)})
 	require.NoError(t, err)
-	p := &policy{swaps: swaps}
+	p := &policy{schedule: schedule{swaps: swaps}}
 	p.simulated(ex)
 	done := ex.Out[0].End + copySlack*(ex.Out[0].End-ex.Out[0].Start)
 	at := p.reuseFrom(0)
@@ -42,6 +42,6 @@ func TestReuseFromCopyEnd(t *testing.T) {
 		assert.Equal(t, swaps[k].Free, p.reuseFrom(int32(k)), "swap %d", k)
 	}
 	// Without a simulation (a policy loaded from a file), the plan's Free.
-	q := &policy{swaps: swaps}
+	q := &policy{schedule: schedule{swaps: swaps}}
 	assert.Equal(t, swaps[0].Free, q.reuseFrom(0))
 }
