@@ -7,12 +7,10 @@ import (
 	"sync"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/seq"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 // Engine wires the stages for a training or inference loop: it encodes each
@@ -21,82 +19,32 @@ import (
 // after a tensor's last use before a gap, swaps back ahead of its next use,
 // never blocking the host on the hot path.
 type Engine struct {
-	cfg   config
-	dev   device.Device
-	alloc *device.Allocator
-	pool  *device.HostPool
-
-	compute, d2h, h2d device.Stream
-	ring              map[device.Stream]*eventRing
-
-	enc *seq.Encoder
-	det Detector
-
+	cfg    config
+	dev    device.Device
+	enc    *seq.Encoder
+	det    Detector
 	tracer oteltrace.Tracer
-
 	// mu serializes every call: see the package documentation.
 	mu sync.Mutex
 	// cb is the goroutine running an Op.Recompute callback, which holds
 	// mu: its calls back into the Engine are refused, not deadlocked.
-	cb callbackGuard
-	// inOp is set between an op's Before and After: a tensor allocated
-	// meanwhile must not unpin that op's tensors.
-	inOp bool
-
-	live    []*Tensor
-	slab    []Tensor // handles not yet handed out; a released one is never handed out again
-	scratch []*Tensor
-	blocks  []device.Resident // the allocator's view of scratch, for victims
-	window  []int             // victims' indices into scratch
-	nextID  trace.TensorID
-	serial  uint64
-	// liveB is the bytes of unreleased tensors, resident or not: a
-	// released one a recompute still holds, or makes again, counts gone,
-	// as a run without the policy would have it (the profile's Mem).
-	liveB  int64
-	policy *policy
-	// placedFor is the policy the allocator's placement follows (nil:
-	// none), so that a new policy starts a new recording.
-	placedFor *policy
-	// placedBefore is placedFor at the Begin before: the allocator plans
-	// placement from a repetition that ran the policy whole, not from the
-	// first one after a change of policy, which still moves the last
-	// one's tensors.
-	placedBefore *policy
-	// following is the layout the allocator follows (nil: none);
-	// placedAt and missedAt the allocator's counts when it began the last
-	// iteration, offLayout the iterations in a row that missed too many.
-	following          *policyLayout
-	placedAt, missedAt int64
-	offLayout          int
-	cache              *policyCache
-	// ctl decides which policy is in force, when to profile and plan
-	// (internal/controller); no other code writes its state.
-	ctl     *controller.Controller
+	cb      callbackGuard
 	closed  bool
 	it      Iteration
 	stats   Stats
 	onClose []func() error
 	// policyErr is why WithPolicyFile's file was not used.
 	policyErr error
-	// restart is the policy of the sequence a policy file saved last,
-	// applied from the first iteration (nil: none).
-	restart *policy
-	// policies numbers the policies put in force (policy.id).
-	policies uint64
-	// job is the plan in flight on the worker (nil: none), sends rank 0's
-	// broadcasts in flight; work is canceled by Close (stop), workers
-	// runs them.
-	job     *planJob
-	sends   []*sendJob
-	work    context.Context
-	stop    context.CancelFunc
-	workers errgroup.Group
-	rank    rankState // WithRank's exchanges
-	// prefetches are the tensors Prefetch was asked for that found no
-	// free device memory yet: tried again at each op and after each Evict.
-	prefetches prefetchQueue
-	tm         *timer // timing events and what they measured (timing.go)
+	rank      rankState // WithRank's exchanges
+	tm        *timer    // timing events and what they measured (timing.go)
+	// executor is the device side: tensors, pools, streams, the prefetch
+	// queue and the layout the allocator follows (executor.go).
+	executor
+	// inForce is the policy in force, the cache and the controller that
+	// chooses between them.
+	inForce
+	// planWorker runs plans and broadcasts off the step (planner.go).
+	planWorker
 }
 
 // Detector is the Detect stage: it sees each iteration's lightweight
@@ -127,7 +75,8 @@ func New(dev device.Device, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	cfg.planning = cfg.planPath()
-	e := &Engine{cfg: cfg, dev: dev, ring: map[device.Stream]*eventRing{}, cache: newPolicyCache(cfg.detect.MaxMemoryDelta)}
+	e := &Engine{cfg: cfg, dev: dev}
+	e.ring, e.cache = map[device.Stream]*eventRing{}, newPolicyCache(cfg.detect.MaxMemoryDelta)
 	e.work, e.stop = context.WithCancel(context.Background())
 	e.ctl = controller.New(controller.Config{M: cfg.detect.M, MemDelta: cfg.detect.MaxMemoryDelta, StaleMatch: cfg.staleMatch,
 		Limit: cfg.limit, NoPlace: cfg.noPlace, Ranks: cfg.ranks.active()})

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/chameleon-go/chameleon/device"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // The executor: it moves tensors between device memory and pinned host
@@ -323,4 +324,45 @@ func (r *eventRing) close() error {
 	}
 	r.evs = nil
 	return errors.Join(errs...)
+}
+
+// executor is what the Engine's executor owns: the device allocator and
+// pinned host pool, the streams and their events, the tensors and their
+// handles, the one prefetch queue, and the layout the allocator follows.
+type executor struct {
+	alloc             *device.Allocator
+	pool              *device.HostPool
+	compute, d2h, h2d device.Stream
+	ring              map[device.Stream]*eventRing
+	// inOp is set between an op's Before and After: a tensor allocated
+	// meanwhile must not unpin that op's tensors.
+	inOp    bool
+	live    []*Tensor
+	slab    []Tensor // handles not yet handed out; a released one is never handed out again
+	scratch []*Tensor
+	blocks  []device.Resident // the allocator's view of scratch, for victims
+	window  []int             // victims' indices into scratch
+	nextID  trace.TensorID
+	serial  uint64
+	// liveB is the bytes of unreleased tensors, resident or not: a
+	// released one a recompute still holds, or makes again, counts gone,
+	// as a run without the policy would have it (the profile's Mem).
+	liveB int64
+	// placedFor is the policy the allocator's placement follows (nil:
+	// none), so that a new policy starts a new recording.
+	placedFor *policy
+	// placedBefore is placedFor at the Begin before: the allocator plans
+	// placement from a repetition that ran the policy whole, not from the
+	// first one after a change of policy, which still moves the last
+	// one's tensors.
+	placedBefore *policy
+	// following is the layout the allocator follows (nil: none);
+	// placedAt and missedAt the allocator's counts when it began the last
+	// iteration, offLayout the iterations in a row that missed too many.
+	following          *policyLayout
+	placedAt, missedAt int64
+	offLayout          int
+	// prefetches are the tensors Prefetch was asked for that found no
+	// free device memory yet: tried again at each op and after each Evict.
+	prefetches prefetchQueue
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/samber/lo"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/plan"
@@ -189,4 +190,17 @@ func (e *Engine) waitWork() {
 	e.stop()
 	e.workers.Wait()
 	e.job, e.sends = nil, nil
+}
+
+// planWorker runs the controller's plan requests and rank 0's broadcasts
+// on goroutines of their own, canceled by Close.
+type planWorker struct {
+	// job is the plan in flight on the worker (nil: none), sends rank 0's
+	// broadcasts in flight; work is canceled by Close (stop), workers
+	// runs them.
+	job     *planJob
+	sends   []*sendJob
+	work    context.Context
+	stop    context.CancelFunc
+	workers errgroup.Group
 }

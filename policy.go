@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/match"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/seq"
@@ -412,4 +413,19 @@ func recomputeTensors(rcs []simulate.Recompute, made func(trace.TensorID) planne
 		}
 	}
 	return rtensors, mtensors
+}
+
+// inForce is which policy the Engine runs, the cache it comes from, and
+// the controller that decides.
+type inForce struct {
+	policy *policy
+	cache  *policyCache
+	// ctl decides which policy is in force, when to profile and plan
+	// (internal/controller); no other code writes its state.
+	ctl *controller.Controller
+	// restart is the policy of the sequence a policy file saved last,
+	// applied from the first iteration (nil: none).
+	restart *policy
+	// policies numbers the policies put in force (policy.id).
+	policies uint64
 }
