@@ -274,16 +274,40 @@ func planSwaps(in Input, curve []int64, p *planner) (*Policy, error) {
 	return pol, nil
 }
 
+// planSwapsOnce plans swaps for curve with p's settings (noQueue among
+// them), in steps: set p up over the need curve - limit (setup); with no
+// point over the limit, simulate no swap; else list the candidates, plan
+// the swaps that wrap the iteration where the gaps inside it cannot meet
+// the limit (wrapSwaps), and run the selection-simulation rounds (rounds).
+// p's need ends less what the wrapping swaps free.
 func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
-	cfg := p.cfg
+	p.setup(in, curve)
+	plan := &Policy{Limit: in.Limit, MRL: MRL(p.simCurve, in.Limit), Curve: p.simCurve, Recomputes: p.recomputes}
+	if p.nmre == 0 {
+		sim, err := p.simulateRound(in, nil)
+		if err != nil {
+			return nil, err
+		}
+		plan.Sim = sim
+		return plan, nil
+	}
+	cs, wrap, err := p.wrapSwaps(in, curve)
+	if err != nil {
+		return nil, err
+	}
+	p.init(cs)
+	return p.rounds(in, wrap, plan.MRL)
+}
+
+// setup points p at the iteration (curve, op times, groups, model), takes
+// curve as the curve to simulate unless p has one (the curve without the
+// recomputes), and sets need to curve - limit and nmre to the count of
+// points over the limit.
+func (p *planner) setup(in Input, curve []int64) {
 	n := len(curve)
 	p.n, p.curve, p.times, p.groups, p.model = n, curve, in.OpTimes, in.Groups, in.Model
 	if p.simCurve == nil {
 		p.simCurve = curve
-	}
-	simulateRound := func(swaps []simulate.Swap) (*simulate.Result, error) {
-		MarkReadOnly(in.Model, swaps)
-		return cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Link: cfg.link})
 	}
 	p.need = make([]int64, n)
 	for t, v := range curve {
@@ -292,59 +316,75 @@ func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 			p.nmre++
 		}
 	}
-	plan := &Policy{Limit: in.Limit, MRL: MRL(p.simCurve, in.Limit), Curve: p.simCurve, Recomputes: p.recomputes}
-	if p.nmre == 0 {
-		sim, err := simulateRound(nil)
-		if err != nil {
-			return nil, err
-		}
-		plan.Sim = sim
-		return plan, nil
+}
+
+// simulateRound marks the read-only swaps and simulates swaps with p's
+// recomputes on the simulated curve.
+func (p *planner) simulateRound(in Input, swaps []simulate.Swap) (*simulate.Result, error) {
+	MarkReadOnly(in.Model, swaps)
+	return p.cfg.sim(simulate.Input{OpTimes: in.OpTimes, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Link: p.cfg.link})
+}
+
+// candidates lists the swap candidates of at least minBytes, fitted to
+// p's recomputes when it has them.
+func (p *planner) candidates(in Input, curve []int64, minBytes int64) []Candidate {
+	cs := Candidates(in.Model, curve, in.Limit, minBytes)
+	if p.fit != nil {
+		cs = p.fit(cs)
 	}
-	candidates := func(minBytes int64) []Candidate {
-		cs := Candidates(in.Model, curve, in.Limit, minBytes)
-		if p.fit != nil {
-			cs = p.fit(cs)
+	return cs
+}
+
+// applyWrap takes from need what the wrapping swaps wrap free (over
+// [0, In) and [Free, n) each) and recounts nmre.
+func (p *planner) applyWrap(wrap []simulate.Swap) {
+	for _, w := range wrap {
+		for t := range p.n {
+			if t < w.In || t >= w.Free {
+				p.need[t] -= w.Bytes
+			}
 		}
-		return cs
 	}
-	cs := candidates(cfg.minBytes)
+	p.nmre = 0
+	for _, v := range p.need {
+		if v > 0 {
+			p.nmre++
+		}
+	}
+}
+
+// wrapSwaps returns the candidates the rounds select from and the swaps
+// that wrap the iteration, planned ahead of them and applied to need. It
+// tries, in order:
+//   - a forward-only iteration (inference, a decode step) has no backward
+//     to bring anything back for: what it holds over the limit is weights,
+//     used once a step. Streaming them in ahead of their use and releasing
+//     them after it, every step, is the plan (stream); the gaps inside the
+//     iteration cover only what streaming leaves;
+//   - the candidates of at least the size threshold, if swapping them
+//     over their whole gaps meets the limit (feasible);
+//   - else every candidate, below the threshold too: there may be enough
+//     small tensors;
+//   - last, what is idle across the iteration boundary (optimizer state
+//     between two steps), in place of any streaming above: those swaps
+//     take the whole iteration's link time twice over, so they are a last
+//     resort, chosen only until the gaps inside the iteration can do the
+//     rest (wrapping, else stream over what is short).
+//
+// It fails, wrapping ErrInfeasible, when even that leaves the limit unmet.
+func (p *planner) wrapSwaps(in Input, curve []int64) ([]Candidate, []simulate.Swap, error) {
+	cs := p.candidates(in, curve, p.cfg.minBytes)
 	var wrap []simulate.Swap
-	applyWrap := func() {
-		for _, w := range wrap {
-			for t := range n {
-				if t < w.In || t >= w.Free {
-					p.need[t] -= w.Bytes
-				}
-			}
-		}
-		p.nmre = 0
-		for _, v := range p.need {
-			if v > 0 {
-				p.nmre++
-			}
-		}
-	}
 	if forwardOnly(in.Model.Iter) {
-		// A forward-only iteration (inference, a decode step) has no
-		// backward to bring anything back for: what it holds over the
-		// limit is weights, used once a step. Streaming them in ahead of
-		// their use and releasing them after it, every step, is the plan;
-		// the gaps inside the iteration cover only what streaming leaves.
 		p.init(cs)
 		if wrap = p.stream(in.Model, slices.Clone(p.need)); wrap != nil {
-			applyWrap()
+			p.applyWrap(wrap)
 		}
 	}
-	if err := feasible(n, p.need, cs, in.Limit); err != nil {
+	if err := feasible(p.n, p.need, cs, in.Limit); err != nil {
 		// Below the size threshold there may be enough small tensors.
-		cs = candidates(0)
-		if err := feasible(n, p.need, cs, in.Limit); err != nil {
-			// Last, what is idle across the iteration boundary (optimizer
-			// state between two steps): those swaps take the whole
-			// iteration's link time twice over, so they are a last resort,
-			// chosen only until the gaps inside the iteration can do the
-			// rest.
+		cs = p.candidates(in, curve, 0)
+		if err := feasible(p.n, p.need, cs, in.Limit); err != nil {
 			p.init(cs)
 			if wrap = p.wrapping(in.Model, cs); wrap == nil {
 				// Timed on the stall-free timeline, a copy back longer
@@ -353,25 +393,33 @@ func planSwapsOnce(in Input, curve []int64, p *planner) (*Policy, error) {
 				// pace, trigger each copy back as early as memory allows
 				// instead (stream).
 				if wrap = p.stream(in.Model, p.short(cs)); wrap == nil {
-					return nil, err
+					return nil, nil, err
 				}
 			}
-			applyWrap()
-			if err := feasible(n, p.need, cs, in.Limit); err != nil {
-				return nil, err
+			p.applyWrap(wrap)
+			if err := feasible(p.n, p.need, cs, in.Limit); err != nil {
+				return nil, nil, err
 			}
 		}
 	}
-	p.init(cs)
+	return cs, wrap, nil
+}
+
+// rounds runs up to cfg.rounds rounds of selection (after the swaps that
+// wrap) and simulation, each folding the simulated copy times into the
+// candidates' timings, until a round stalls nothing or teaches nothing.
+// It returns the fastest round's policy (the first on a tie), with Rounds
+// the rounds run.
+func (p *planner) rounds(in Input, wrap []simulate.Swap, mrl []Point) (*Policy, error) {
 	var best *Policy
-	for round := 1; round <= cfg.rounds; round++ {
+	for round := 1; round <= p.cfg.rounds; round++ {
 		swaps := append(slices.Clone(wrap), p.selectSwaps()...)
-		sim, err := simulateRound(swaps)
+		sim, err := p.simulateRound(in, swaps)
 		if err != nil {
 			return nil, fmt.Errorf("mre: round %d: %w", round, err)
 		}
 		if best == nil || sim.IterationUS < best.Sim.IterationUS {
-			best = &Policy{Limit: in.Limit, MRL: plan.MRL, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Sim: sim}
+			best = &Policy{Limit: in.Limit, MRL: mrl, Curve: p.simCurve, Swaps: swaps, Recomputes: p.recomputes, Sim: sim}
 		}
 		best.Rounds = round
 		if sim.StallUS <= 1e-9 || !p.learn(swaps, sim) {
@@ -854,7 +902,10 @@ func (p *planner) timedSpan(c *cand) (int, int) {
 	return f, k
 }
 
-// selectSwaps runs the greedy selection with the current timings.
+// selectSwaps runs the greedy selection with the current timings: it
+// resets the selection and times each candidate's span, selects on timed
+// spans (phase 1), stretches spans where points are left (phase 2),
+// prunes, and returns the selected swaps ordered by Out, then tensor.
 func (p *planner) selectSwaps() []simulate.Swap {
 	copy(p.rem, p.need)
 	p.dirty = 0
@@ -863,7 +914,17 @@ func (p *planner) selectSwaps() []simulate.Swap {
 		c.sel = false
 		c.f, c.k = p.timedSpan(c)
 	}
-	// Phase 1: timed spans.
+	p.selectTimed()
+	p.selectStretched()
+	p.prune()
+	return p.selected()
+}
+
+// selectTimed is phase 1: while points are unsatisfied, it selects the
+// unselected candidate with the best score over the points its timed span
+// [f, k) covers (the first on a tie) and covers its span, until no
+// candidate covers any.
+func (p *planner) selectTimed() {
 	for p.refreshUnsat() > 0 {
 		bestX, bestScore := -1, 0.0
 		for x := range p.cands {
@@ -886,7 +947,15 @@ func (p *planner) selectSwaps() []simulate.Swap {
 		c.sel = true
 		p.cover(c.f, c.k, c.Bytes)
 	}
-	// Phase 2: stretch spans over the whole gap where points are left.
+}
+
+// selectStretched is phase 2: while points are unsatisfied, it takes the
+// candidate with the best score over the points its whole gap covers
+// beyond its selected span (the first on a tie), selects it if it is not
+// (covering its timed span, or giving it an empty span at the gap's far
+// end) and stretches its span (stretch). Once feasible() passed, some
+// candidate always covers a point left.
+func (p *planner) selectStretched() {
 	for p.refreshUnsat() > 0 {
 		bestX, bestScore := -1, 0.0
 		for x := range p.cands {
@@ -915,36 +984,48 @@ func (p *planner) selectSwaps() []simulate.Swap {
 				c.f, c.k = c.Use, c.Use // empty span at the far end
 			}
 		}
-		lo, hi := c.Out+1, c.Use
-		first, last := -1, -1
-		for t := lo; t < hi; t++ {
-			if (t < c.f || t >= c.k) && p.rem[t] > 0 {
-				if first < 0 {
-					first = t
-				}
-				last = t
-			}
-		}
-		nf, nk := c.f, c.k
-		if c.k <= c.f {
-			nf, nk = first, last+1
-		} else {
-			if first < c.f {
-				nf = first
-			}
-			if last >= c.k {
-				nk = last + 1
-			}
-		}
-		if c.k <= c.f {
-			p.cover(nf, nk, c.Bytes)
-		} else {
-			p.cover(nf, c.f, c.Bytes)
-			p.cover(c.k, nk, c.Bytes)
-		}
-		c.f, c.k = nf, nk
+		p.stretch(c)
 	}
-	p.prune()
+}
+
+// stretch widens c's span [f, k) within its gap to the first and last
+// points outside it still unsatisfied, and covers what it adds: an empty
+// span becomes [first, last+1); a span keeps its side where no point is
+// left beyond it. The span stays one interval.
+func (p *planner) stretch(c *cand) {
+	lo, hi := c.Out+1, c.Use
+	first, last := -1, -1
+	for t := lo; t < hi; t++ {
+		if (t < c.f || t >= c.k) && p.rem[t] > 0 {
+			if first < 0 {
+				first = t
+			}
+			last = t
+		}
+	}
+	nf, nk := c.f, c.k
+	if c.k <= c.f {
+		nf, nk = first, last+1
+	} else {
+		if first < c.f {
+			nf = first
+		}
+		if last >= c.k {
+			nk = last + 1
+		}
+	}
+	if c.k <= c.f {
+		p.cover(nf, nk, c.Bytes)
+	} else {
+		p.cover(nf, c.f, c.Bytes)
+		p.cover(c.k, nk, c.Bytes)
+	}
+	c.f, c.k = nf, nk
+}
+
+// selected is the selected candidates as swaps (freed at f, back at k),
+// ordered by Out, then tensor.
+func (p *planner) selected() []simulate.Swap {
 	var swaps []simulate.Swap
 	for x := range p.cands {
 		c := &p.cands[x]

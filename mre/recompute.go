@@ -81,21 +81,42 @@ type rcand struct {
 // and then held, or made again just before it (by their producers, from
 // what is on the device, down to maxRemakeDepth producers deep). A gap
 // whose inputs can be both held and made again deep is listed twice, once
-// each way (rcand.deep).
+// each way (rcand.deep). The list is ordered cheapest per byte first
+// (stable: ties keep the order of the lifetimes and their gaps).
 func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, ok []bool, times []float64) []rcand {
-	it := m.Iter
-	n := len(curve)
-	over := make([]int32, n+1)
+	// The map is made here, not in opWrites, so that its header can stay
+	// on the stack.
+	cs := candScan{m: m, it: m.Iter, ok: ok, times: times, n: len(curve),
+		over: overCounts(curve, limit), writes: map[trace.TensorID][]int32{}}
+	opWrites(m.Iter, cs.writes)
+	var out []rcand
+	for k := range m.Lifetimes {
+		out = cs.lifetime(out, &m.Lifetimes[k], minBytes)
+	}
+	// Cheapest per byte first.
+	slices.SortStableFunc(out, func(a, b rcand) int {
+		return cmp.Compare(a.cost/float64(a.net), b.cost/float64(b.net))
+	})
+	return out
+}
+
+// overCounts is the prefix count of the ops after which curve is over
+// limit: over[t] counts those before op t (len(curve)+1 entries).
+func overCounts(curve []int64, limit int64) []int32 {
+	over := make([]int32, len(curve)+1)
 	for t, v := range curve {
 		over[t+1] = over[t]
 		if v > limit {
 			over[t+1]++
 		}
 	}
-	// writes lists, per storage, the ops that write it: those that list it
-	// as an output, views aside (a view's output is its input's storage,
-	// unchanged).
-	writes := map[trace.TensorID][]int32{}
+	return over
+}
+
+// opWrites lists in writes, per storage, the ops that write it, in op
+// order: those that list it as an output, views aside (a view's output is
+// its input's storage, unchanged).
+func opWrites(it *trace.Iteration, writes map[trace.TensorID][]int32) {
 	for i := range it.Ops {
 		if len(it.Ops[i].Out) == 0 || layer.Classify(it, &it.Ops[i]) == layer.KindView {
 			continue
@@ -104,134 +125,155 @@ func recomputeCandidates(m *memory.Model, curve []int64, limit, minBytes int64, 
 			writes[o] = append(writes[o], int32(i))
 		}
 	}
-	// unwritten reports whether no op in (from, to) writes id.
-	unwritten := func(id trace.TensorID, from, to int) bool {
-		for _, w := range writes[id] {
-			if int(w) > from && int(w) < to {
-				return false
-			}
+}
+
+// candScan is recomputeCandidates' state: the model and what it derives
+// from it once, read-only while the lifetimes are scanned.
+type candScan struct {
+	m      *memory.Model
+	it     *trace.Iteration
+	ok     []bool    // per op: recomputable
+	times  []float64 // per op: compute time, µs
+	n      int       // ops
+	over   []int32   // overCounts of the curve
+	writes map[trace.TensorID][]int32
+}
+
+// unwritten reports whether no op in (from, to) writes id.
+func (cs *candScan) unwritten(id trace.TensorID, from, to int) bool {
+	for _, w := range cs.writes[id] {
+		if int(w) > from && int(w) < to {
+			return false
 		}
-		return true
 	}
-	// liveAt reports whether a storage is on the device at op j anyway.
-	liveAt := func(in *memory.Lifetime, j int) bool {
-		return in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j)
+	return true
+}
+
+// liveAt reports whether a storage is on the device at op j anyway.
+func liveAt(in *memory.Lifetime, j int) bool {
+	return in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j)
+}
+
+// remake reports how an activation freed before op j can be made
+// again there: its producer may run again and writes it alone, and
+// reads storages unchanged since, each on the device at j or itself
+// made again first (down to depth producers deep). It returns the ops
+// to run, in order (the deepest first, each once), and the storages on
+// the device they read. *calls bounds the producers looked at (wide
+// ops several deep would be many).
+func (cs *candScan) remake(in *memory.Lifetime, j, depth int, calls *int) ([]simulate.Remade, []trace.TensorID, bool) {
+	if *calls--; *calls < 0 || depth == 0 || in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
+		return nil, nil, false
 	}
-	// remake reports how an activation freed before op j can be made
-	// again there: its producer may run again and writes it alone, and
-	// reads storages unchanged since, each on the device at j or itself
-	// made again first (down to depth producers deep). It returns the ops
-	// to run, in order (the deepest first, each once), and the storages on
-	// the device they read. *calls bounds the producers looked at (wide
-	// ops several deep would be many).
-	var remake func(in *memory.Lifetime, j, depth int, calls *int) ([]simulate.Remade, []trace.TensorID, bool)
-	remake = func(in *memory.Lifetime, j, depth int, calls *int) ([]simulate.Remade, []trace.TensorID, bool) {
-		if *calls--; *calls < 0 || depth == 0 || in.Tensor.Kind != trace.KindActivation || !in.ProducedHere() {
+	q := in.Alloc
+	op := &cs.it.Ops[q]
+	if !cs.ok[q] || len(op.Out) != 1 || !cs.unwritten(in.Tensor.ID, q, in.Free) {
+		return nil, nil, false
+	}
+	var chain []simulate.Remade
+	var pins []trace.TensorID
+	for _, id := range op.In {
+		l := cs.m.Lifetime(id)
+		if l == nil || !cs.unwritten(id, q, j) {
 			return nil, nil, false
 		}
-		q := in.Alloc
-		op := &it.Ops[q]
-		if !ok[q] || len(op.Out) != 1 || !unwritten(in.Tensor.ID, q, in.Free) {
+		if liveAt(l, j) {
+			pins = appendNew(pins, id)
+			continue
+		}
+		sub, subPins, ok := cs.remake(l, j, depth-1, calls)
+		if !ok {
 			return nil, nil, false
 		}
-		var chain []simulate.Remade
-		var pins []trace.TensorID
-		for _, id := range op.In {
-			l := m.Lifetime(id)
-			if l == nil || !unwritten(id, q, j) {
-				return nil, nil, false
-			}
-			if liveAt(l, j) {
-				pins = appendNew(pins, id)
-				continue
-			}
-			sub, subPins, ok := remake(l, j, depth-1, calls)
-			if !ok {
-				return nil, nil, false
-			}
-			chain = appendRemade(chain, sub...)
-			pins = appendNew(pins, subPins...)
-		}
-		return append(chain, simulate.Remade{Tensor: in.Tensor.ID, Bytes: in.Bytes, Op: q}), pins, true
+		chain = appendRemade(chain, sub...)
+		pins = appendNew(pins, subPins...)
 	}
-	var out []rcand
-	for k := range m.Lifetimes {
-		lt := &m.Lifetimes[k]
-		if lt.Tensor.Kind != trace.KindActivation || !lt.ProducedHere() || lt.Bytes < max(minBytes, 1) {
-			continue
-		}
-		p := lt.Alloc
-		op := &it.Ops[p]
-		if !ok[p] || len(op.Out) != 1 {
-			continue
-		}
-		var inputs []trace.TensorID
-		for _, id := range op.In {
-			if !slices.Contains(inputs, id) {
-				inputs = append(inputs, id)
-			}
-		}
-		for u := 1; u < len(lt.Uses); u++ {
-			i, j := int(lt.Uses[u-1]), int(lt.Uses[u])
-			if j-i < 2 || j >= n || over[j]-over[i+1] == 0 || !unwritten(lt.Tensor.ID, p, i+1) {
-				continue
-			}
-			// gapCandidate is the recompute before j with inputs freed
-			// earlier made again up to depth producers deep, else held.
-			gapCandidate := func(depth int) (rcand, bool) {
-				var kept []simulate.Kept
-				var remade []simulate.Remade
-				var keptB int64
-				cost := times[p]
-				pins := slices.Clone(inputs)
-				for _, id := range inputs {
-					in := m.Lifetime(id)
-					if in == nil || !unwritten(id, p, j) {
-						return rcand{}, false
-					}
-					if liveAt(in, j) {
-						continue // on the device at j anyway
-					}
-					calls := maxRemakeCalls
-					if chain, qin, ok := remake(in, j, depth, &calls); ok {
-						remade = appendRemade(remade, chain...)
-						pins = appendNew(slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id }), qin...)
-						continue
-					}
-					kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
-					keptB += in.Bytes
-				}
-				if keptB >= lt.Bytes {
-					return rcand{}, false
-				}
-				for _, r := range remade {
-					cost += times[r.Op]
-				}
-				return rcand{
-					Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept, Remade: remade},
-					cost:      cost, inputs: pins, net: lt.Bytes - keptB, next: j,
-				}, true
-			}
-			// Two ways to treat an input freed before the recompute: made
-			// again by its own producer when that reads what is on the
-			// device, else held; or, deeper, made again by a chain of
-			// producers. Each is a candidate where they differ (the
-			// picker takes one gap once).
-			held, okHeld := gapCandidate(1)
-			if okHeld {
-				out = append(out, held)
-			}
-			if deep, ok := gapCandidate(maxRemakeDepth); ok && !slices.Equal(deep.Remade, held.Remade) {
-				deep.deep = true
-				out = append(out, deep)
-			}
+	return append(chain, simulate.Remade{Tensor: in.Tensor.ID, Bytes: in.Bytes, Op: q}), pins, true
+}
+
+// lifetime appends to out the candidates of lt's gaps, in order: none
+// unless lt is an activation made here of at least minBytes (and one)
+// whose producer is recomputable and writes it alone; then each gap of at
+// least one op, with a point over the limit, and lt unwritten from its
+// producer to the gap's start, gives its candidate made again one
+// producer deep (else held), then, where it differs, the deep one.
+func (cs *candScan) lifetime(out []rcand, lt *memory.Lifetime, minBytes int64) []rcand {
+	if lt.Tensor.Kind != trace.KindActivation || !lt.ProducedHere() || lt.Bytes < max(minBytes, 1) {
+		return out
+	}
+	p := lt.Alloc
+	op := &cs.it.Ops[p]
+	if !cs.ok[p] || len(op.Out) != 1 {
+		return out
+	}
+	var inputs []trace.TensorID
+	for _, id := range op.In {
+		if !slices.Contains(inputs, id) {
+			inputs = append(inputs, id)
 		}
 	}
-	// Cheapest per byte first.
-	slices.SortStableFunc(out, func(a, b rcand) int {
-		return cmp.Compare(a.cost/float64(a.net), b.cost/float64(b.net))
-	})
+	for u := 1; u < len(lt.Uses); u++ {
+		i, j := int(lt.Uses[u-1]), int(lt.Uses[u])
+		if j-i < 2 || j >= cs.n || cs.over[j]-cs.over[i+1] == 0 || !cs.unwritten(lt.Tensor.ID, p, i+1) {
+			continue
+		}
+		// Two ways to treat an input freed before the recompute: made
+		// again by its own producer when that reads what is on the
+		// device, else held; or, deeper, made again by a chain of
+		// producers. Each is a candidate where they differ (the
+		// picker takes one gap once).
+		held, okHeld := cs.gapCandidate(lt, inputs, i, j, 1)
+		if okHeld {
+			out = append(out, held)
+		}
+		if deep, ok := cs.gapCandidate(lt, inputs, i, j, maxRemakeDepth); ok && !slices.Equal(deep.Remade, held.Remade) {
+			deep.deep = true
+			out = append(out, deep)
+		}
+	}
 	return out
+}
+
+// gapCandidate is the recompute of lt, dropped after op i, before op j,
+// with inputs (its producer's, deduplicated) freed earlier made again up
+// to depth producers deep, else held. It fails when an input is unknown
+// or written between the producer and j, or when holding inputs costs as
+// many bytes as dropping lt saves. The candidate's cost is the producer's
+// time plus the remade ones'; its inputs are what must be resident at j.
+func (cs *candScan) gapCandidate(lt *memory.Lifetime, inputs []trace.TensorID, i, j, depth int) (rcand, bool) {
+	p := lt.Alloc
+	var kept []simulate.Kept
+	var remade []simulate.Remade
+	var keptB int64
+	cost := cs.times[p]
+	pins := slices.Clone(inputs)
+	for _, id := range inputs {
+		in := cs.m.Lifetime(id)
+		if in == nil || !cs.unwritten(id, p, j) {
+			return rcand{}, false
+		}
+		if liveAt(in, j) {
+			continue // on the device at j anyway
+		}
+		calls := maxRemakeCalls
+		if chain, qin, ok := cs.remake(in, j, depth, &calls); ok {
+			remade = appendRemade(remade, chain...)
+			pins = appendNew(slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id }), qin...)
+			continue
+		}
+		kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
+		keptB += in.Bytes
+	}
+	if keptB >= lt.Bytes {
+		return rcand{}, false
+	}
+	for _, r := range remade {
+		cost += cs.times[r.Op]
+	}
+	return rcand{
+		Recompute: simulate.Recompute{Tensor: lt.Tensor.ID, Bytes: lt.Bytes, Op: p, Drop: i, Before: j, Kept: kept, Remade: remade},
+		cost:      cost, inputs: pins, net: lt.Bytes - keptB, next: j,
+	}, true
 }
 
 // appendNew appends to ids those of xs it does not hold yet.
@@ -671,156 +713,252 @@ func (m planMemo) plan(in Input, curve []int64, cfg config, rcs []rcand) (*Polic
 }
 
 // hybridWith is planHybrid's search over the recompute candidates rcs.
+// Every budget is tried: the simulated time is not unimodal in the budget
+// (a few recomputes can make the swap plan worse, more make it far
+// better), so stopping early misses the best. The selection runs once per
+// ranking (each budget takes a prefix of its order), and a budget whose
+// recomputes alone take the iteration past the best policy so far is not
+// planned: recomputes run on the compute stream, so no swap plan can make
+// it faster.
+//
+// The strategies run in order, each screening sets of recomputes with one
+// plan-simulate round: the budgets of each ranking (tryBudgets), the
+// prefixes next to the fastest (tryNearPrefixes), the rankings that leave
+// long gaps to the swaps (tryLinkShares); then the fastest screened sets get
+// every round (refine), and the best policy recomputes more where it still
+// waits (fromStall). With no policy that meets the limit, it returns the
+// last ErrInfeasible met (nil when nothing was screened).
 func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand, memo planMemo) (*Policy, error) {
-	n := len(curve)
-	var base float64
-	for _, d := range in.OpTimes {
-		base += d
-	}
-	var bestErr error
-	// Every budget is tried: the simulated time is not unimodal in the
-	// budget (a few recomputes can make the swap plan worse, more make it
-	// far better), so stopping early misses the best. The selection runs
-	// once (each budget takes a prefix of its order), and a budget whose
-	// recomputes alone take the iteration past the best policy so far is
-	// not planned: recomputes run on the compute stream, so no swap plan
-	// can make it faster.
+	h := hybridSearch{in: in, curve: curve, cfg: cfg, need: need, rcs: rcs, memo: memo}
+	h.init()
+	// Each budget takes a prefix of one of two rankings. The first takes
+	// the tensors made early in the forward as readily as the late ones,
+	// but only the early ones have the link to themselves before the curve
+	// reaches the limit: the second, when it differs, leaves those to
+	// swaps (early). The search state is made here, apart from h, so that
+	// it can stay on the stack.
 	order, spent := pickOrder(rcs, need)
-	type trial struct {
-		picked []rcand
-		first  float64 // the iteration after one plan-simulate round
-		extra  bool    // not a budget of the first ranking
-	}
-	var trials []trial
-	// found is a policy with its recomputes and its iteration after one
-	// round: best of all, first of the first ranking's budgets.
-	type found struct {
-		pol    *Policy
-		picked []rcand
-		first  float64
-	}
-	var best, first found
-	keep := func(f found, extra bool) {
-		if best.pol == nil || f.pol.Sim.IterationUS < best.pol.Sim.IterationUS {
-			best = f
-		}
-		if !extra && (first.pol == nil || f.pol.Sim.IterationUS < first.pol.Sim.IterationUS) {
-			first = f
-		}
-	}
-	screen := cfg
-	screen.rounds = 1
-	// try screens picked; extra: it is not a budget of the first ranking.
-	try := func(picked []rcand, extra bool) error {
-		pol, err := memo.plan(in, curve, screen, picked)
-		if err != nil {
-			if !errors.Is(err, ErrInfeasible) {
-				return err
-			}
-			bestErr = err
-			return nil
-		}
-		trials = append(trials, trial{picked, pol.Sim.IterationUS, extra})
-		keep(found{pol, picked, pol.Sim.IterationUS}, extra)
-		return nil
-	}
-	// Each budget takes a prefix of two rankings. The one above takes the
-	// tensors made early in the forward as readily as the late ones, but
-	// only the early ones have the link to themselves before the curve
-	// reaches the limit: the second leaves those to swaps (early).
-	type ranking struct {
-		rcs   []rcand
-		order []int
-		spent []float64
-	}
-	ranks := []ranking{{rcs, order, spent}}
+	ps := prefixScreen{ranks: []ranking{{rcs, order, spent}}, tried: map[rankPrefix]bool{}, topUS: math.Inf(1)}
 	if rest := early(rcs, need, in.OpTimes, cfg.link.D2H); len(rest) < len(rcs) {
 		o, sp := pickOrder(rest, need)
-		ranks = append(ranks, ranking{rest, o, sp})
+		ps.ranks = append(ps.ranks, ranking{rest, o, sp})
 	}
-	type prefix struct{ r, k int }
-	tried := map[prefix]bool{}
-	top, topUS := prefix{}, math.Inf(1) // the fastest prefix after one round
-	// tryPrefix screens prefix p once and reports whether it is the
-	// fastest so far.
-	tryPrefix := func(p prefix, extra bool) (bool, error) {
-		if tried[p] {
-			return false, nil
+	if err := h.tryBudgets(&ps); err != nil {
+		return nil, err
+	}
+	if err := h.tryNearPrefixes(&ps); err != nil {
+		return nil, err
+	}
+	if len(order) > 0 {
+		if err := h.tryLinkShares(); err != nil {
+			return nil, err
 		}
-		tried[p] = true
-		had := len(trials)
-		if err := try(pickPrefix(ranks[p.r].rcs, need, ranks[p.r].order[:p.k]), extra); err != nil {
-			return false, err
+	}
+	if err := h.refine(); err != nil {
+		return nil, err
+	}
+	if h.best.pol == nil {
+		return nil, h.bestErr
+	}
+	return h.fromStall(), nil
+}
+
+// hybridTrial is a set of recomputes screened by hybridWith.
+type hybridTrial struct {
+	picked []rcand
+	first  float64 // the iteration after one plan-simulate round
+	extra  bool    // not a budget of the first ranking
+}
+
+// hybridFound is a policy with its recomputes and its iteration after one
+// round.
+type hybridFound struct {
+	pol    *Policy
+	picked []rcand
+	first  float64
+}
+
+// ranking is an order in which pickOrder takes rcs, with the time of each
+// prefix of it.
+type ranking struct {
+	rcs   []rcand
+	order []int
+	spent []float64
+}
+
+// rankPrefix is the first k candidates of ranking r.
+type rankPrefix struct{ r, k int }
+
+// prefixScreen is the state of hybridWith's search over prefixes of
+// rankings: the rankings, the prefixes screened (each once), and top, the
+// one whose screen was fastest (topUS, +Inf while none met the limit).
+type prefixScreen struct {
+	ranks []ranking
+	tried map[rankPrefix]bool
+	top   rankPrefix
+	topUS float64
+}
+
+// hybridSearch is hybridWith's state, the search over prefixes aside
+// (prefixScreen).
+//
+// Invariants: trials holds every set screened that met the limit, in the
+// order screened (until refine sorts it); best is the fastest policy found
+// so far, first the fastest of the sets that are not extra.
+type hybridSearch struct {
+	in     Input
+	curve  []int64
+	cfg    config // every plan-simulate round
+	screen config // one round
+	need   []int64
+	rcs    []rcand
+	memo   planMemo
+	base   float64 // the iteration's compute time, µs
+
+	trials  []hybridTrial
+	best    hybridFound
+	first   hybridFound
+	bestErr error
+}
+
+// init sums the op times into base and sets up the one-round screen.
+func (h *hybridSearch) init() {
+	for _, d := range h.in.OpTimes {
+		h.base += d
+	}
+	h.screen = h.cfg
+	h.screen.rounds = 1
+}
+
+// keep takes f as the best policy and, unless extra, as the first
+// ranking's best, where it is faster than the one held.
+func (h *hybridSearch) keep(f hybridFound, extra bool) {
+	if h.best.pol == nil || f.pol.Sim.IterationUS < h.best.pol.Sim.IterationUS {
+		h.best = f
+	}
+	if !extra && (h.first.pol == nil || f.pol.Sim.IterationUS < h.first.pol.Sim.IterationUS) {
+		h.first = f
+	}
+}
+
+// try screens picked (one plan-simulate round) and records it as a trial;
+// extra: it is not a budget of the first ranking. A set that cannot meet
+// the limit is skipped, its error kept in bestErr; any other error is
+// returned.
+func (h *hybridSearch) try(picked []rcand, extra bool) error {
+	pol, err := h.memo.plan(h.in, h.curve, h.screen, picked)
+	if err != nil {
+		if !errors.Is(err, ErrInfeasible) {
+			return err
 		}
-		if len(trials) > had && trials[had].first < topUS {
-			top, topUS = p, trials[had].first
-			return true, nil
-		}
+		h.bestErr = err
+		return nil
+	}
+	h.trials = append(h.trials, hybridTrial{picked, pol.Sim.IterationUS, extra})
+	h.keep(hybridFound{pol, picked, pol.Sim.IterationUS}, extra)
+	return nil
+}
+
+// tryPrefix screens prefix p of ps's rankings once and reports whether it
+// is the fastest so far (it becomes ps.top).
+func (h *hybridSearch) tryPrefix(ps *prefixScreen, p rankPrefix, extra bool) (bool, error) {
+	if ps.tried[p] {
 		return false, nil
 	}
-	// The second ranking is tried at the budgets next to the first's
-	// fastest, and at that one.
+	ps.tried[p] = true
+	had := len(h.trials)
+	if err := h.try(pickPrefix(ps.ranks[p.r].rcs, h.need, ps.ranks[p.r].order[:p.k]), extra); err != nil {
+		return false, err
+	}
+	if len(h.trials) > had && h.trials[had].first < ps.topUS {
+		ps.top, ps.topUS = p, h.trials[had].first
+		return true, nil
+	}
+	return false, nil
+}
+
+// tryBudgets screens, for each recompute budget, the longest prefix of the
+// first ranking it pays for; the second ranking is tried at the budgets
+// next to the first's fastest, and at that one.
+func (h *hybridSearch) tryBudgets(ps *prefixScreen) error {
 	topShare := 0
-	for r, rk := range ranks {
+	for r, rk := range ps.ranks {
 		for b, share := range recomputeBudgets {
 			if r > 0 && (b < topShare-1 || b > topShare+1) {
 				continue
 			}
 			k := 0
-			for k < len(rk.spent) && rk.spent[k] <= share*base {
+			for k < len(rk.spent) && rk.spent[k] <= share*h.base {
 				k++
 			}
-			fastest, err := tryPrefix(prefix{r, k}, r > 0)
+			fastest, err := h.tryPrefix(ps, rankPrefix{r, k}, r > 0)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			if r == 0 && fastest {
 				topShare = b
 			}
 		}
 	}
-	// The budgets are coarse in counts where each recompute is dear:
-	// every prefix within nearPrefix of the fastest is tried too.
-	if !math.IsInf(topUS, 1) {
-		for k := max(top.k-nearPrefix, 0); k <= min(top.k+nearPrefix, len(ranks[top.r].order)); k++ {
-			if _, err := tryPrefix(prefix{top.r, k}, true); err != nil {
-				return nil, err
-			}
+	return nil
+}
+
+// tryNearPrefixes screens every prefix within nearPrefix of the fastest:
+// the budgets are coarse in counts where each recompute is dear. The
+// bounds follow ps.top as it moves (a nearer prefix found faster
+// recentres the walk), as the prefixes are screened. Nothing is tried
+// when no prefix met the limit.
+func (h *hybridSearch) tryNearPrefixes(ps *prefixScreen) error {
+	if math.IsInf(ps.topUS, 1) {
+		return nil
+	}
+	for k := max(ps.top.k-nearPrefix, 0); k <= min(ps.top.k+nearPrefix, len(ps.ranks[ps.top.r].order)); k++ {
+		if _, err := h.tryPrefix(ps, rankPrefix{ps.top.r, k}, true); err != nil {
+			return err
 		}
 	}
-	// The budgets rank recomputes over the whole need, so they take the
-	// long gaps that swaps would hide for free as readily as the short
-	// ones swaps cannot. Ranked instead over the need less what the link
-	// could have copied out before each op and back after it, they leave
-	// the long gaps to the swaps up to the link's rate; every useful
-	// recompute of that ranking is tried, at shares of that rate.
-	if len(order) > 0 {
-		start := opStarts(in.OpTimes)
-		for _, share := range linkShares {
-			less := make([]int64, n)
-			for t := range n {
-				out := cfg.link.D2HShared * start[t] / 1e6
-				back := cfg.link.H2DShared * (start[n] - start[t+1]) / 1e6
-				less[t] = need[t] - int64(share*min(out, back))
-			}
-			o, _ := pickOrder(rcs, less)
-			if err := try(pickPrefix(rcs, less, o), false); err != nil {
-				return nil, err
-			}
+	return nil
+}
+
+// tryLinkShares screens the rankings over the need less what the link
+// could have copied out before each op and back after it, at each of
+// linkShares of its rate. The budgets rank recomputes over the whole need,
+// so they take the long gaps that swaps would hide for free as readily as
+// the short ones swaps cannot; these leave the long gaps to the swaps up
+// to the link's rate, and every useful recompute of them is tried.
+// (hybridWith tries none when the first ranking takes no recompute.)
+func (h *hybridSearch) tryLinkShares() error {
+	n := len(h.curve)
+	start := opStarts(h.in.OpTimes)
+	for _, share := range linkShares {
+		less := make([]int64, n)
+		for t := range n {
+			out := h.cfg.link.D2HShared * start[t] / 1e6
+			back := h.cfg.link.H2DShared * (start[n] - start[t+1]) / 1e6
+			less[t] = h.need[t] - int64(share*min(out, back))
+		}
+		o, _ := pickOrder(h.rcs, less)
+		if err := h.try(pickPrefix(h.rcs, less, o), false); err != nil {
+			return err
 		}
 	}
-	// The rounds that adjust the swaps to the simulated copies run for the
-	// budgets whose first round was fastest; a budget whose recomputes
-	// alone take the iteration past the best policy so far is not planned
-	// further: recomputes run on the compute stream, so no swap plan can
-	// make it faster.
-	slices.SortStableFunc(trials, func(a, b trial) int { return cmp.Compare(a.first, b.first) })
+	return nil
+}
+
+// refine runs every plan-simulate round for the trials whose first round
+// was fastest: refinedBudgets of the first ranking's budgets and
+// refinedExtra of the others, fastest first. A trial whose recomputes
+// alone take the iteration past the best policy so far is not planned
+// further: recomputes run on the compute stream, so no swap plan can make
+// it faster. The trials end sorted by their first round (stable).
+func (h *hybridSearch) refine() error {
+	slices.SortStableFunc(h.trials, func(a, b hybridTrial) int { return cmp.Compare(a.first, b.first) })
 	// How many trials get every round: of the first ranking's budgets, of
 	// the others.
 	quota := [2]int{refinedBudgets, refinedExtra}
 	var refined [2]int
-	for _, tr := range trials {
-		if cfg.rounds == 1 || refined == quota {
+	for _, tr := range h.trials {
+		if h.cfg.rounds == 1 || refined == quota {
 			break
 		}
 		i := 0
@@ -835,57 +973,62 @@ func hybridWith(in Input, curve []int64, cfg config, need []int64, rcs []rcand, 
 		for _, c := range tr.picked {
 			cost += c.cost
 		}
-		if base+cost >= best.pol.Sim.IterationUS {
+		if h.base+cost >= h.best.pol.Sim.IterationUS {
 			continue
 		}
-		pol, err := memo.plan(in, curve, cfg, tr.picked)
+		pol, err := h.memo.plan(h.in, h.curve, h.cfg, tr.picked)
 		if err != nil {
-			return nil, err // the first round met the limit: so do the rest
+			return err // the first round met the limit: so do the rest
 		}
-		keep(found{pol, tr.picked, tr.first}, tr.extra)
+		h.keep(hybridFound{pol, tr.picked, tr.first}, tr.extra)
 	}
-	if best.pol == nil {
-		return nil, bestErr
-	}
-	// Where the best policy still waits, it waits for copies: recompute
-	// more of what is on the device there instead, the cheapest per byte
-	// first, as many bytes as the link moves in the wait, while that makes
-	// the iteration faster.
-	// Each round is screened (one plan-simulate round, against the same
-	// for the best set), and the set the rounds end with gets every round.
-	atStall := func(f found) *Policy {
-		if f.pol.Sim.StallUS < stallFloor*base {
-			return f.pol
-		}
-		cur, sim, curUS := f.picked, f.pol.Sim, f.first
-		for range stallRounds {
-			more := addAtStall(rcs, need, cur, sim, cfg.link.D2HShared)
-			if more == nil {
-				break
-			}
-			pol, err := memo.plan(in, curve, screen, more)
-			if err != nil || pol.Sim.IterationUS >= curUS {
-				break
-			}
-			cur, sim, curUS = more, pol.Sim, pol.Sim.IterationUS
-		}
-		if len(cur) != len(f.picked) {
-			if pol, err := memo.plan(in, curve, cfg, cur); err == nil && pol.Sim.IterationUS < f.pol.Sim.IterationUS {
-				return pol
-			}
-		}
-		return f.pol
-	}
-	// The rounds start from the best policy, and from the best of the
-	// first ranking's budgets where that is another: a start that waits
-	// longer may end faster.
-	out := atStall(best)
-	if first.pol != nil && first.pol != best.pol {
-		if pol := atStall(first); pol.Sim.IterationUS < out.Sim.IterationUS {
+	return nil
+}
+
+// fromStall runs atStall from the best policy, and from the best of the
+// first ranking's budgets where that is another (a start that waits longer
+// may end faster), and returns the faster result (the best's on a tie).
+// best must be set.
+func (h *hybridSearch) fromStall() *Policy {
+	out := h.atStall(h.best)
+	if h.first.pol != nil && h.first.pol != h.best.pol {
+		if pol := h.atStall(h.first); pol.Sim.IterationUS < out.Sim.IterationUS {
 			out = pol
 		}
 	}
-	return out, nil
+	return out
+}
+
+// atStall refines f where it still waits for copies: it recomputes more
+// of what is on the device there instead, the cheapest per byte first, as
+// many bytes as the link moves in the wait (addAtStall), for up to
+// stallRounds rounds while that makes the iteration faster. Each round is
+// screened (one plan-simulate round, against the same for the best set),
+// and the set the rounds end with gets every round; it is returned when
+// faster than f, else f's policy. A policy that waits less than stallFloor
+// of the compute time is returned as is.
+func (h *hybridSearch) atStall(f hybridFound) *Policy {
+	if f.pol.Sim.StallUS < stallFloor*h.base {
+		return f.pol
+	}
+	cur, sim, curUS := f.picked, f.pol.Sim, f.first
+	for range stallRounds {
+		more := addAtStall(h.rcs, h.need, cur, sim, h.cfg.link.D2HShared)
+		if more == nil {
+			break
+		}
+		pol, err := h.memo.plan(h.in, h.curve, h.screen, more)
+		if err != nil || pol.Sim.IterationUS >= curUS {
+			break
+		}
+		cur, sim, curUS = more, pol.Sim, pol.Sim.IterationUS
+	}
+	if len(cur) != len(f.picked) {
+		if pol, err := h.memo.plan(h.in, h.curve, h.cfg, cur); err == nil && pol.Sim.IterationUS < f.pol.Sim.IterationUS {
+			return pol
+		}
+	}
+	return f.pol
 }
 
 // nearPrefix is how many recomputes either side of the fastest budget's

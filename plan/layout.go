@@ -191,6 +191,12 @@ func liveBytes(blocks []place.Placed) int64 {
 // again for one is a block of its own over that op. The bytes no op
 // references (memory.Model.Base) are one block over the whole iteration.
 // At each op the blocks hold what the policy's simulated curve holds.
+//
+// Its steps: the policy's holes (blockHoles.swaps, blockHoles.recomputes),
+// the ordinals of the storages each op makes (madeOrdinals), the pairs
+// across the iteration's end (pairAcross), then one or more blocks per
+// storage in the model's order (blockHoles.lifetime), then the remade
+// inputs' blocks by op and tensor (blockHoles.remadeBlocks).
 func Blocks(r *Result) []Block {
 	m := r.Model
 	n := int32(len(m.Curve))
@@ -198,102 +204,151 @@ func Blocks(r *Result) []Block {
 	if m.Base > 0 {
 		out = append(out, Block{Size: m.Base, Life: place.Once(0, n), Kind: Unreferenced})
 	}
-	holes := map[trace.TensorID][]hole{}
-	hold := map[trace.TensorID]int32{}
-	var swaps []simulate.Swap
-	var rcs []simulate.Recompute
-	var freed []int
-	if r.Policy != nil {
-		swaps, rcs = r.Policy.Swaps, r.Policy.Recomputes
+	bh := blockHoles{n: n, holes: map[trace.TensorID][]hole{}, hold: map[trace.TensorID]int32{}, remade: map[remadeAt]int64{},
+		ordinal: map[trace.TensorID]int{}}
+	if p := r.Policy; p != nil {
+		var freed []int
 		if r.Exec != nil {
 			freed = r.Exec.Freed
-		} else if r.Policy.Sim != nil {
-			freed = r.Policy.Sim.Freed
+		} else if p.Sim != nil {
+			freed = p.Sim.Freed
 		}
+		bh.swaps(p.Swaps, freed)
+		bh.recomputes(p.Recomputes)
 	}
+	madeOrdinals(m, bh.ordinal)
+	pairs := pairAcross(m, bh.holes, n)
+	for k := range m.Lifetimes {
+		out = bh.lifetime(out, &m.Lifetimes[k], pairs)
+	}
+	return bh.remadeBlocks(out)
+}
+
+// blockHoles is what Blocks gathers from the policy before it lays out the
+// storages: each storage's gaps off the device, how far an input held for a
+// recompute lives, the inputs made again, and the ordinals of the storages
+// ops make. n is the op count.
+type blockHoles struct {
+	n       int32
+	holes   map[trace.TensorID][]hole
+	hold    map[trace.TensorID]int32 // a kept input: lives up to this op
+	remade  map[remadeAt]int64       // an input made again before an op: its bytes
+	ordinal map[trace.TensorID]int   // a made storage: its ordinal among its op's
+}
+
+// remadeAt is an input made again for the recomputes before op op.
+type remadeAt struct {
+	id trace.TensorID
+	op int
+}
+
+// swaps adds the holes of swaps, swap k off the device from the op its
+// memory counted free at (freed[k] where known, else Free; the op after
+// Out when dynamic) to the op its copy back is issued at; a wrapping
+// swap's holes are [0, In) and [freed, n).
+func (bh *blockHoles) swaps(swaps []simulate.Swap, freed []int) {
+	n := bh.n
 	for k, s := range swaps {
 		f := int32(s.Free)
 		if k < len(freed) {
 			f = int32(freed[k])
 		}
 		if s.Wraps() {
-			holes[s.Tensor] = append(holes[s.Tensor], hole{place.Span{From: 0, To: int32(s.In)}, SwapIn, k},
+			bh.holes[s.Tensor] = append(bh.holes[s.Tensor], hole{place.Span{From: 0, To: int32(s.In)}, SwapIn, k},
 				hole{place.Span{From: f, To: n}, SwapIn, k})
 			continue
 		}
 		if f < 0 {
 			f = int32(s.Out + 1)
 		}
-		holes[s.Tensor] = append(holes[s.Tensor], hole{place.Span{From: f, To: int32(s.In)}, SwapIn, k})
+		bh.holes[s.Tensor] = append(bh.holes[s.Tensor], hole{place.Span{From: f, To: int32(s.In)}, SwapIn, k})
 	}
-	type at struct {
-		id trace.TensorID
-		op int
-	}
-	remade := map[at]int64{}
+}
+
+// recomputes adds the holes of rcs, each tensor off the device from after
+// the op it is dropped after to the op it is remade before, holds each
+// kept input up to the last recompute's op, and records the inputs made
+// again, once per op.
+func (bh *blockHoles) recomputes(rcs []simulate.Recompute) {
 	for k, rc := range rcs {
-		holes[rc.Tensor] = append(holes[rc.Tensor], hole{place.Span{From: int32(rc.Drop + 1), To: int32(rc.Before)}, Recompute, k})
+		bh.holes[rc.Tensor] = append(bh.holes[rc.Tensor], hole{place.Span{From: int32(rc.Drop + 1), To: int32(rc.Before)}, Recompute, k})
 		for _, x := range rc.Kept {
-			hold[x.Tensor] = max(hold[x.Tensor], int32(rc.Before+1))
+			bh.hold[x.Tensor] = max(bh.hold[x.Tensor], int32(rc.Before+1))
 		}
 		for _, x := range rc.Remade {
-			remade[at{x.Tensor, rc.Before}] = x.Bytes
+			bh.remade[remadeAt{x.Tensor, rc.Before}] = x.Bytes
 		}
 	}
-	// A storage an op makes is known by its ordinal among the op's, in
-	// the order they were made.
+}
+
+// madeOrdinals sets in ordinal each storage an op makes to its ordinal
+// among the op's, in the order they were made (their ids): the name a Made
+// block is known by. (The caller makes the map, so that it can stay on
+// the stack.)
+func madeOrdinals(m *memory.Model, ordinal map[trace.TensorID]int) {
 	made := map[int][]trace.TensorID{}
 	for k := range m.Lifetimes {
 		if lt := &m.Lifetimes[k]; !lt.LiveIn && lt.Alloc >= 0 {
 			made[lt.Alloc] = append(made[lt.Alloc], lt.Tensor.ID)
 		}
 	}
-	ordinal := map[trace.TensorID]int{}
 	for _, ids := range made {
 		slices.Sort(ids)
 		for i, id := range ids {
 			ordinal[id] = i
 		}
 	}
-	pairs := pairAcross(m, holes, n)
-	for k := range m.Lifetimes {
-		lt := &m.Lifetimes[k]
-		if in, ok := pairs[lt.Tensor.ID]; ok {
-			if in >= 0 {
-				// One block across the iteration's end: made at Alloc and
-				// kept into the next iteration, which frees it at in's Free.
-				b := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Made, Op: lt.Alloc, Index: ordinal[lt.Tensor.ID]}
-				b.Life = place.Life{N: 2, IV: [2]place.Span{{From: int32(lt.Alloc), To: n}, {From: 0, To: int32(in)}}}
-				out = append(out, b)
-			}
-			continue
+}
+
+// lifetime appends lt's blocks to out. A storage paired across the
+// iteration's end (pairs) is one block made at Alloc and kept into the
+// next iteration, which frees it at its pair's Free, or, the pair's freed
+// half, none. Any other is its life from Alloc (0 when live at entry) to
+// Free (at most n, at least its hold), cut at its holes; resident at both
+// ends with gaps between, its last piece and its first are one block.
+func (bh *blockHoles) lifetime(out []Block, lt *memory.Lifetime, pairs map[trace.TensorID]int) []Block {
+	n := bh.n
+	if in, ok := pairs[lt.Tensor.ID]; ok {
+		if in >= 0 {
+			// One block across the iteration's end: made at Alloc and
+			// kept into the next iteration, which frees it at in's Free.
+			b := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Made, Op: lt.Alloc, Index: bh.ordinal[lt.Tensor.ID]}
+			b.Life = place.Life{N: 2, IV: [2]place.Span{{From: int32(lt.Alloc), To: n}, {From: 0, To: int32(in)}}}
+			out = append(out, b)
 		}
-		first := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Entry}
-		from, to := int32(0), min(int32(lt.Free), n)
-		if !lt.LiveIn && lt.Alloc >= 0 {
-			from = int32(lt.Alloc)
-			first.Kind, first.Op, first.Index = Made, lt.Alloc, ordinal[lt.Tensor.ID]
-		}
-		if h, ok := hold[lt.Tensor.ID]; ok {
-			to = min(max(to, h), n)
-		}
-		k0 := len(out)
-		out = appendPieces(out, first, from, to, holes[lt.Tensor.ID])
-		if last := len(out) - 1; last > k0 && out[k0].Life.IV[0].From == 0 && out[last].Life.IV[0].To == n {
-			// Resident at both ends with gaps between: where the last piece
-			// ends one iteration, the first begins the next, so the two
-			// are one block.
-			out[last].Life = place.Life{N: 2, IV: [2]place.Span{out[last].Life.IV[0], out[k0].Life.IV[0]}}
-			out = slices.Delete(out, k0, k0+1)
-		}
+		return out
 	}
-	keys := make([]at, 0, len(remade))
-	for k := range remade {
+	first := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Entry}
+	from, to := int32(0), min(int32(lt.Free), n)
+	if !lt.LiveIn && lt.Alloc >= 0 {
+		from = int32(lt.Alloc)
+		first.Kind, first.Op, first.Index = Made, lt.Alloc, bh.ordinal[lt.Tensor.ID]
+	}
+	if h, ok := bh.hold[lt.Tensor.ID]; ok {
+		to = min(max(to, h), n)
+	}
+	k0 := len(out)
+	out = appendPieces(out, first, from, to, bh.holes[lt.Tensor.ID])
+	if last := len(out) - 1; last > k0 && out[k0].Life.IV[0].From == 0 && out[last].Life.IV[0].To == n {
+		// Resident at both ends with gaps between: where the last piece
+		// ends one iteration, the first begins the next, so the two
+		// are one block.
+		out[last].Life = place.Life{N: 2, IV: [2]place.Span{out[last].Life.IV[0], out[k0].Life.IV[0]}}
+		out = slices.Delete(out, k0, k0+1)
+	}
+	return out
+}
+
+// remadeBlocks appends to out a block per input made again, over the op
+// it is made for, by op then tensor.
+func (bh *blockHoles) remadeBlocks(out []Block) []Block {
+	keys := make([]remadeAt, 0, len(bh.remade))
+	for k := range bh.remade {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(x, y at) int { return cmp.Or(cmp.Compare(x.op, y.op), cmp.Compare(x.id, y.id)) })
+	slices.SortFunc(keys, func(x, y remadeAt) int { return cmp.Or(cmp.Compare(x.op, y.op), cmp.Compare(x.id, y.id)) })
 	for _, k := range keys {
-		out = append(out, Block{Size: memory.RoundBytes(remade[k]), Life: place.Once(int32(k.op), int32(k.op+1)),
+		out = append(out, Block{Size: memory.RoundBytes(bh.remade[k]), Life: place.Once(int32(k.op), int32(k.op+1)),
 			Tensor: k.id, Kind: Remade, Op: k.op})
 	}
 	return out

@@ -440,291 +440,479 @@ func Run(in Input) (*Result, error) {
 
 // run simulates one iteration whose D2H engine starts with backlog bytes
 // of the previous one's copies out still to go, and returns what it
-// leaves the next.
+// leaves the next. Its steps: check the input, lay out the per-op lists,
+// play the ops in order (each op: issue its copies back, run its
+// recomputes, wait for its copies, compute, issue its copies out), measure
+// the backlog and drain the engines, then derive the memory curve.
 func run(in Input, backlog float64) (*Result, float64, error) {
 	n := len(in.OpTimes)
-	if err := in.Link.validate(); err != nil {
+	// The per-op lists and the flags are made here, not in the steps that
+	// fill them, the engines are held by pointer and the result is
+	// returned as r, not s.r: escape analysis does not tell s's fields
+	// apart, so this keeps small lists and flags on the stack (the lists'
+	// entries and the engines' queues grow on the heap).
+	var d2h, h2d engine
+	s := sim{in: in, d2h: &d2h, h2d: &h2d}
+	s.recAt = make([][]int, n)
+	if err := check(in, s.recAt); err != nil {
 		return nil, 0, err
 	}
+	r := newResult(in)
+	s.r = r
+	s.outAfter = bucket(n, in.Swaps, func(sw Swap) int { return sw.Out })
+	s.inAt = bucket(n, in.Swaps, func(sw Swap) int { return sw.In })
+	if in.Issue != nil {
+		if err := checkIssue(in); err != nil {
+			return nil, 0, err
+		}
+		s.outAfter, s.inAt = make([][]int, n), make([][]int, n)
+		s.issueOrder()
+	}
+	s.waitFree = bucket(n, in.Swaps, func(sw Swap) int { return sw.Free })
+	s.waitUse = bucket(n, in.Swaps, func(sw Swap) int { return sw.Use })
+	s.outDone, s.inDone = make([]bool, len(in.Swaps)), make([]bool, len(in.Swaps))
+	if backlog > 0 {
+		s.d2h.busy, s.d2h.cur, s.d2h.rem = true, -1, backlog
+	}
+	for t := range n {
+		if err := s.op(t); err != nil {
+			return nil, 0, err
+		}
+	}
+	left := s.finish()
+	s.memory()
+	return r, left, nil
+}
+
+// check validates the input: the link, the curve's length, the op times,
+// every swap and every recompute, in that order (the first error found is
+// returned). It fills recAt (one entry per op): the recomputes that run
+// before each op, in input order.
+func check(in Input, recAt [][]int) error {
+	n := len(in.OpTimes)
+	if err := in.Link.validate(); err != nil {
+		return err
+	}
 	if in.Curve != nil && len(in.Curve) != n {
-		return nil, 0, fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
+		return fmt.Errorf("simulate: %d op times, %d curve points: %w", n, len(in.Curve), ErrInvalid)
 	}
 	for t, d := range in.OpTimes {
 		if !(d >= 0) || math.IsInf(d, 0) {
-			return nil, 0, fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
+			return fmt.Errorf("simulate: op %d: time %g: %w", t, d, ErrInvalid)
 		}
 	}
 	for _, s := range in.Swaps {
 		if err := s.Validate(n); err != nil {
-			return nil, 0, fmt.Errorf("simulate: %w", err)
+			return fmt.Errorf("simulate: %w", err)
 		}
 	}
-	recAt := make([][]int, n)
 	for k, rc := range in.Recomputes {
 		if err := rc.Validate(n); err != nil {
-			return nil, 0, fmt.Errorf("simulate: %w", err)
+			return fmt.Errorf("simulate: %w", err)
 		}
 		recAt[rc.Before] = append(recAt[rc.Before], k)
 	}
+	return nil
+}
+
+// newResult allocates the result of simulating in: one OpStat per op, and
+// per swap an Out and an In transfer with every time NaN (not issued).
+func newResult(in Input) *Result {
 	r := &Result{
-		Ops:        make([]OpStat, n),
+		Ops:        make([]OpStat, len(in.OpTimes)),
 		Out:        make([]Transfer, len(in.Swaps)),
 		In:         make([]Transfer, len(in.Swaps)),
 		Freed:      make([]int, len(in.Swaps)),
 		Recomputed: make([]Span, len(in.Recomputes)),
 	}
-	// Per-op lists of swaps, by index: whose out starts after the op, whose
-	// in is issued at it, which the op waits for.
-	outAfter := bucket(n, in.Swaps, func(s Swap) int { return s.Out })
-	inAt := bucket(n, in.Swaps, func(s Swap) int { return s.In })
-	if ip := in.Issue; ip != nil {
-		if len(ip.OutOp) != len(in.Swaps) || len(ip.InOp) != len(in.Swaps) || len(ip.OutOrder) != len(in.Swaps) || len(ip.InOrder) != len(in.Swaps) {
-			return nil, 0, fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
-		}
-		outAfter, inAt = make([][]int, n), make([][]int, n)
-		for _, k := range ip.OutOrder {
-			if t := ip.OutOp[k]; t >= 0 && t < n {
-				outAfter[t] = append(outAfter[t], k)
-			}
-		}
-		for _, k := range ip.InOrder {
-			if t := ip.InOp[k]; t >= 0 && t < n {
-				inAt[t] = append(inAt[t], k)
-			}
-		}
-	}
-	waitFree := bucket(n, in.Swaps, func(s Swap) int { return s.Free })
-	waitUse := bucket(n, in.Swaps, func(s Swap) int { return s.Use })
-	outDone := make([]bool, len(in.Swaps))
-	inDone := make([]bool, len(in.Swaps))
 	for k := range r.Out {
 		r.Out[k] = Transfer{Swap: k, Issue: math.NaN(), Start: math.NaN(), End: math.NaN()}
 		r.In[k] = r.Out[k]
 	}
+	return r
+}
 
-	// Rates in bytes per microsecond.
-	link := in.Link
-	var d2h, h2d engine
-	rates := func() (float64, float64) {
-		if d2h.busy && h2d.busy {
-			return link.D2HShared / 1e6, link.H2DShared / 1e6
-		}
-		return link.D2H / 1e6, link.H2D / 1e6
+// opLists are the per-op lists of swaps and recomputes, by index, that
+// drive the op loop. Each list is in the order its entries are issued or
+// waited for.
+type opLists struct {
+	// outAfter: the swaps whose copy out is issued after the op; inAt:
+	// those whose copy back is issued at its start.
+	outAfter, inAt [][]int
+	// waitFree: the swaps whose copy out the op waits for (it reuses their
+	// memory); waitUse: those whose copy back it waits for.
+	waitFree, waitUse [][]int
+	// recAt: the recomputes that run before the op.
+	recAt [][]int
+}
+
+// sim is the state of one simulated iteration: the input, the result being
+// filled in, the two copy engines and the compute clock.
+//
+// Invariants: now only grows; a swap's outDone (inDone) flag is set once,
+// when its copy out (back) completes or, for a swap that copies nothing
+// out, when its copy out is issued; an engine is busy with one copy at a
+// time (cur < 0 on the D2H engine: the previous iteration's backlog).
+type sim struct {
+	opLists
+	in              Input
+	r               *Result
+	d2h, h2d        *engine
+	now             float64
+	outDone, inDone []bool
+}
+
+// checkIssue checks that in.Issue has an entry per swap in each of its
+// lists: an error wrapping ErrInvalid when not.
+func checkIssue(in Input) error {
+	ip := in.Issue
+	if len(ip.OutOp) != len(in.Swaps) || len(ip.InOp) != len(in.Swaps) || len(ip.OutOrder) != len(in.Swaps) || len(ip.InOrder) != len(in.Swaps) {
+		return fmt.Errorf("simulate: issue plan for %d swaps: %w", len(in.Swaps), ErrInvalid)
 	}
-	now := 0.0
-	if backlog > 0 {
-		d2h.busy, d2h.cur, d2h.rem = true, -1, backlog
-	}
-	// Each engine runs, among the copies issued and not started, the one
-	// whose op waits first (earliest deadline first): a copy that no op is
-	// waiting for yet never blocks one that is needed sooner.
-	outDeadline := func(k int) int {
-		if f := in.Swaps[k].Free; f >= 0 {
-			return f
-		}
-		return in.Swaps[k].In
-	}
-	pick := func(e *engine, deadline func(int) int, ok func(int) bool) int {
-		best := -1
-		for x := e.head; x < len(e.queue); x++ {
-			k := e.queue[x]
-			if !ok(k) {
-				if in.Issue != nil {
-					break // a stream does not pass a copy that waits
-				}
-				continue
-			}
-			if best < 0 || (in.Issue == nil && deadline(k) < deadline(e.queue[best])) {
-				best = x
-			}
-			if in.Issue != nil {
-				break // in issue order: the head or nothing
-			}
-		}
-		if best < 0 {
-			return -1
-		}
-		// Move the pick to the head, keeping the others in issue order.
-		k := e.queue[best]
-		copy(e.queue[e.head+1:best+1], e.queue[e.head:best])
-		e.queue[e.head] = k
-		e.head++
-		return k
-	}
-	always := func(int) bool { return true }
-	// The copy back of a wrapping swap brings what the previous iteration
-	// sent out: it waits for no copy of this one (op 0 waited for those).
-	outIsDone := func(k int) bool { return outDone[k] || in.Swaps[k].Wraps() }
-	startCopies := func() {
-		if !d2h.busy {
-			if k := pick(&d2h, outDeadline, always); k >= 0 {
-				d2h.busy, d2h.cur, d2h.rem, d2h.since = true, k, float64(in.Swaps[k].Bytes), now
-				r.Out[k].Start = now
-			}
-		}
-		// A copy back cannot start before its copy out is complete.
-		if !h2d.busy {
-			if k := pick(&h2d, func(k int) int { return in.Swaps[k].Use }, outIsDone); k >= 0 {
-				h2d.busy, h2d.cur, h2d.rem, h2d.since = true, k, float64(in.Swaps[k].Bytes), now
-				r.In[k].Start = now
-			}
+	return nil
+}
+
+// issueOrder fills outAfter and inAt (made empty, one entry per op) from
+// the issue plan: each swap's copy out after op OutOp, its copy back at
+// op InOp (none where that is outside the iteration), each op's copies in
+// the plan's order.
+func (s *sim) issueOrder() {
+	ip, n := s.in.Issue, len(s.in.OpTimes)
+	for _, k := range ip.OutOrder {
+		if t := ip.OutOp[k]; t >= 0 && t < n {
+			s.outAfter[t] = append(s.outAfter[t], k)
 		}
 	}
-	// step runs the engines to the earlier of t and the next copy
-	// completion (rates change there), and reports whether a copy completed.
-	step := func(t float64) bool {
-		startCopies()
-		if !d2h.busy && !h2d.busy {
-			if !math.IsInf(t, 1) {
-				now = max(now, t)
-			}
-			return false
-		}
-		rd, rh := rates()
-		next, cd, ch := t, math.Inf(1), math.Inf(1)
-		if d2h.busy {
-			cd = now + d2h.rem/rd
-			next = min(next, cd)
-		}
-		if h2d.busy {
-			ch = now + h2d.rem/rh
-			next = min(next, ch)
-		}
-		dt := next - now
-		if d2h.busy {
-			d2h.rem -= dt * rd
-		}
-		if h2d.busy {
-			h2d.rem -= dt * rh
-		}
-		now = next
-		done := false
-		// Completion is decided on time, not on the bytes left, so float
-		// rounding can never leave a copy a sliver short forever.
-		if d2h.busy && cd <= next && d2h.cur < 0 {
-			d2h.busy, done = false, true // the previous iteration's backlog
-		} else if d2h.busy && cd <= next {
-			k := d2h.cur
-			d2h.busy = false
-			r.Out[k].End = now
-			r.BusyD2H += now - d2h.since
-			r.BytesD2H += in.Swaps[k].Bytes
-			outDone[k] = true
-			done = true
-		}
-		if h2d.busy && ch <= next {
-			k := h2d.cur
-			h2d.busy = false
-			r.In[k].End = now
-			r.BusyH2D += now - h2d.since
-			r.BytesH2D += in.Swaps[k].Bytes
-			inDone[k] = true
-			done = true
-		}
-		if done {
-			startCopies()
-		}
-		return done
-	}
-	advance := func(t float64) {
-		for step(t) || now < t {
+	for _, k := range ip.InOrder {
+		if t := ip.InOp[k]; t >= 0 && t < n {
+			s.inAt[t] = append(s.inAt[t], k)
 		}
 	}
-	wait := func(k int, flag []bool) error {
-		for !flag[k] {
-			if !step(math.Inf(1)) && !d2h.busy && !h2d.busy {
-				return fmt.Errorf("simulate: swap %d (tensor %d) never completes: %w", k, in.Swaps[k].Tensor, ErrInvalid)
-			}
-		}
-		return nil
+}
+
+// rates are the engines' current rates in bytes per microsecond: shared
+// while both directions are busy, full otherwise.
+func (s *sim) rates() (float64, float64) {
+	link := s.in.Link
+	if s.d2h.busy && s.h2d.busy {
+		return link.D2HShared / 1e6, link.H2DShared / 1e6
 	}
-	for t := 0; t < n; t++ {
-		for _, k := range inAt[t] {
-			r.In[k].Issue = now
-			h2d.queue = append(h2d.queue, k)
-		}
-		// Recomputes for this op run first, on the compute stream, while
-		// the copies go on.
-		for _, k := range recAt[t] {
-			rc := &in.Recomputes[k]
-			d := in.OpTimes[rc.Op]
-			for _, m := range rc.Remade {
-				d += in.OpTimes[m.Op]
-			}
-			r.Recomputed[k].Start = now
-			advance(now + d)
-			r.Recomputed[k].End = now
-			r.RecomputeUS += d
-		}
-		ready := now
-		if t == 0 {
-			// Op 0 takes the memory of the swaps that wrap: it waits for the
-			// copies out the previous iteration left running.
-			for d2h.busy && d2h.cur < 0 {
-				step(math.Inf(1))
-			}
-		}
-		// Wait for the copies this op depends on.
-		for _, k := range waitFree[t] {
-			if err := wait(k, outDone); err != nil {
-				return nil, 0, err
-			}
-		}
-		for _, k := range waitUse[t] {
-			if err := wait(k, inDone); err != nil {
-				return nil, 0, err
-			}
-		}
-		// Issues made while waiting are still at the op's start: the copy
-		// back was queued before the wait.
-		op := &r.Ops[t]
-		op.Start = now
-		op.Stall = now - ready
-		r.StallUS += op.Stall
-		advance(now + in.OpTimes[t])
-		op.End = now
-		r.BaseUS += in.OpTimes[t]
-		for _, k := range outAfter[t] {
-			r.Out[k].Issue = now
-			if in.Swaps[k].NoCopyOut {
-				outDone[k] = true // released: nothing to copy
-				continue
-			}
-			d2h.queue = append(d2h.queue, k)
-		}
+	return link.D2H / 1e6, link.H2D / 1e6
+}
+
+// deadline is the op that waits first for swap k's copy out (out) or copy
+// back: the op that reuses its memory (In when its Free is dynamic), or
+// its next use.
+func (s *sim) deadline(k int, out bool) int {
+	sw := &s.in.Swaps[k]
+	if !out {
+		return sw.Use
 	}
-	r.IterationUS = now
-	var left float64 // this iteration's backlog
-	for x := d2h.head; x < len(d2h.queue); x++ {
-		left += float64(in.Swaps[d2h.queue[x]].Bytes)
+	if sw.Free >= 0 {
+		return sw.Free
 	}
-	if d2h.busy {
-		left += d2h.rem
-	}
-	// Drain copies still in flight (their time is not on the iteration's
-	// critical path, but their figures belong to the result).
-	for step(math.Inf(1)) || d2h.busy || h2d.busy {
-	}
-	// Memory: which op each swap's memory counts as free from.
-	delta := make([]int64, n+1)
-	for k, s := range in.Swaps {
-		if s.Wraps() {
-			// Free over [0, In) and [Free, n).
-			r.Freed[k] = s.Free
-			delta[0] -= s.Bytes
-			delta[s.In] += s.Bytes
-			delta[s.Free] -= s.Bytes
-			delta[n] += s.Bytes
+	return sw.In
+}
+
+// startable reports whether swap k's copy out (out) or copy back may
+// start. A copy out always may; a copy back only once its copy out is
+// complete, or when the swap wraps: its copy back brings what the previous
+// iteration sent out and waits for no copy of this one (op 0 waited for
+// those).
+func (s *sim) startable(k int, out bool) bool {
+	return out || s.outDone[k] || s.in.Swaps[k].Wraps()
+}
+
+// pick takes from e's queue the copy it runs next and moves it to the
+// head, keeping the others in issue order; -1 when none may start. Without
+// an issue plan it is, among the startable copies issued and not started,
+// the one whose op waits first (earliest deadline first: a copy that no
+// op is waiting for yet never blocks one that is needed sooner); with
+// one, the head of the queue or nothing (a stream does not pass a copy
+// that waits). out says which engine e is.
+func (s *sim) pick(e *engine, out bool) int {
+	inOrder := s.in.Issue != nil
+	best := -1
+	for x := e.head; x < len(e.queue); x++ {
+		k := e.queue[x]
+		if !s.startable(k, out) {
+			if inOrder {
+				break // a stream does not pass a copy that waits
+			}
 			continue
 		}
-		f := s.Free
-		if f < 0 && s.NoCopyOut {
-			f = s.Out + 1
+		if best < 0 || (!inOrder && s.deadline(k, out) < s.deadline(e.queue[best], out)) {
+			best = x
+		}
+		if inOrder {
+			break // in issue order: the head or nothing
+		}
+	}
+	if best < 0 {
+		return -1
+	}
+	// Move the pick to the head, keeping the others in issue order.
+	k := e.queue[best]
+	copy(e.queue[e.head+1:best+1], e.queue[e.head:best])
+	e.queue[e.head] = k
+	e.head++
+	return k
+}
+
+// startCopies starts a copy on each idle engine that has one to run,
+// recording its start.
+func (s *sim) startCopies() {
+	if !s.d2h.busy {
+		if k := s.pick(s.d2h, true); k >= 0 {
+			s.d2h.busy, s.d2h.cur, s.d2h.rem, s.d2h.since = true, k, float64(s.in.Swaps[k].Bytes), s.now
+			s.r.Out[k].Start = s.now
+		}
+	}
+	// A copy back cannot start before its copy out is complete.
+	if !s.h2d.busy {
+		if k := s.pick(s.h2d, false); k >= 0 {
+			s.h2d.busy, s.h2d.cur, s.h2d.rem, s.h2d.since = true, k, float64(s.in.Swaps[k].Bytes), s.now
+			s.r.In[k].Start = s.now
+		}
+	}
+}
+
+// step runs the engines to the earlier of t and the next copy
+// completion (rates change there), and reports whether a copy completed.
+// With both engines idle it only moves the clock to t (if finite).
+func (s *sim) step(t float64) bool {
+	s.startCopies()
+	if !s.d2h.busy && !s.h2d.busy {
+		if !math.IsInf(t, 1) {
+			s.now = max(s.now, t)
+		}
+		return false
+	}
+	rd, rh := s.rates()
+	next, cd, ch := t, math.Inf(1), math.Inf(1)
+	if s.d2h.busy {
+		cd = s.now + s.d2h.rem/rd
+		next = min(next, cd)
+	}
+	if s.h2d.busy {
+		ch = s.now + s.h2d.rem/rh
+		next = min(next, ch)
+	}
+	dt := next - s.now
+	if s.d2h.busy {
+		s.d2h.rem -= dt * rd
+	}
+	if s.h2d.busy {
+		s.h2d.rem -= dt * rh
+	}
+	s.now = next
+	done := s.complete(cd, ch, next)
+	if done {
+		s.startCopies()
+	}
+	return done
+}
+
+// complete ends the copies due by next (cd and ch: when the D2H and H2D
+// copies in flight end), recording their figures and flags, and reports
+// whether any ended. Completion is decided on time, not on the bytes left,
+// so float rounding can never leave a copy a sliver short forever.
+func (s *sim) complete(cd, ch, next float64) bool {
+	done := false
+	if s.d2h.busy && cd <= next && s.d2h.cur < 0 {
+		s.d2h.busy, done = false, true // the previous iteration's backlog
+	} else if s.d2h.busy && cd <= next {
+		k := s.d2h.cur
+		s.d2h.busy = false
+		s.r.Out[k].End = s.now
+		s.r.BusyD2H += s.now - s.d2h.since
+		s.r.BytesD2H += s.in.Swaps[k].Bytes
+		s.outDone[k] = true
+		done = true
+	}
+	if s.h2d.busy && ch <= next {
+		k := s.h2d.cur
+		s.h2d.busy = false
+		s.r.In[k].End = s.now
+		s.r.BusyH2D += s.now - s.h2d.since
+		s.r.BytesH2D += s.in.Swaps[k].Bytes
+		s.inDone[k] = true
+		done = true
+	}
+	return done
+}
+
+// advance runs the engines until the clock reaches t.
+func (s *sim) advance(t float64) {
+	for s.step(t) || s.now < t {
+	}
+}
+
+// wait runs the engines until swap k's flag (outDone or inDone) is set; an
+// error wrapping ErrInvalid when both engines go idle first.
+func (s *sim) wait(k int, flag []bool) error {
+	for !flag[k] {
+		if !s.step(math.Inf(1)) && !s.d2h.busy && !s.h2d.busy {
+			return fmt.Errorf("simulate: swap %d (tensor %d) never completes: %w", k, s.in.Swaps[k].Tensor, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// op plays op t: it issues the op's copies back, runs the recomputes
+// before it, waits for the copies it depends on, computes it, then issues
+// the copies out after it. The copies go on throughout.
+func (s *sim) op(t int) error {
+	s.issueIns(t)
+	s.recompute(t)
+	ready := s.now
+	if err := s.waitFor(t); err != nil {
+		return err
+	}
+	s.compute(t, ready)
+	s.issueOuts(t)
+	return nil
+}
+
+// issueIns queues on the H2D engine the copies back issued at the start
+// of op t.
+func (s *sim) issueIns(t int) {
+	for _, k := range s.inAt[t] {
+		s.r.In[k].Issue = s.now
+		s.h2d.queue = append(s.h2d.queue, k)
+	}
+}
+
+// recompute runs the recomputes for op t, in order, on the compute stream
+// (each its op and the ops of its remade inputs), while the copies go on.
+func (s *sim) recompute(t int) {
+	for _, k := range s.recAt[t] {
+		rc := &s.in.Recomputes[k]
+		d := s.in.OpTimes[rc.Op]
+		for _, m := range rc.Remade {
+			d += s.in.OpTimes[m.Op]
+		}
+		s.r.Recomputed[k].Start = s.now
+		s.advance(s.now + d)
+		s.r.Recomputed[k].End = s.now
+		s.r.RecomputeUS += d
+	}
+}
+
+// waitFor waits for the copies op t depends on: at op 0, the copies out
+// the previous iteration left running (op 0 takes the memory of the swaps
+// that wrap); then the copies out of the swaps whose memory it reuses and
+// the copies back of those it uses.
+func (s *sim) waitFor(t int) error {
+	if t == 0 {
+		for s.d2h.busy && s.d2h.cur < 0 {
+			s.step(math.Inf(1))
+		}
+	}
+	for _, k := range s.waitFree[t] {
+		if err := s.wait(k, s.outDone); err != nil {
+			return err
+		}
+	}
+	for _, k := range s.waitUse[t] {
+		if err := s.wait(k, s.inDone); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// compute runs op t on the compute stream from now, recording its start,
+// end and stall (the wait since ready, when it could have started).
+// Issues made while waiting are still at the op's start: the copy back
+// was queued before the wait.
+func (s *sim) compute(t int, ready float64) {
+	op := &s.r.Ops[t]
+	op.Start = s.now
+	op.Stall = s.now - ready
+	s.r.StallUS += op.Stall
+	s.advance(s.now + s.in.OpTimes[t])
+	op.End = s.now
+	s.r.BaseUS += s.in.OpTimes[t]
+}
+
+// issueOuts queues on the D2H engine the copies out issued after op t; a
+// swap that copies nothing out is released there, its copy out done.
+func (s *sim) issueOuts(t int) {
+	for _, k := range s.outAfter[t] {
+		s.r.Out[k].Issue = s.now
+		if s.in.Swaps[k].NoCopyOut {
+			s.outDone[k] = true // released: nothing to copy
+			continue
+		}
+		s.d2h.queue = append(s.d2h.queue, k)
+	}
+}
+
+// finish ends the iteration at the clock and returns its backlog: the
+// bytes of copies out not yet done. It then drains the copies still in
+// flight (their time is not on the iteration's critical path, but their
+// figures belong to the result).
+func (s *sim) finish() float64 {
+	s.r.IterationUS = s.now
+	var left float64 // this iteration's backlog
+	for x := s.d2h.head; x < len(s.d2h.queue); x++ {
+		left += float64(s.in.Swaps[s.d2h.queue[x]].Bytes)
+	}
+	if s.d2h.busy {
+		left += s.d2h.rem
+	}
+	for s.step(math.Inf(1)) || s.d2h.busy || s.h2d.busy {
+	}
+	return left
+}
+
+// memory fills in each swap's Freed and, when the input has a curve, each
+// op's Mem and the peak: the curve plus the change (delta, from freeDeltas)
+// swaps, recomputes and held inputs make to it.
+func (s *sim) memory() {
+	n := len(s.in.OpTimes)
+	delta := make([]int64, n+1)
+	s.freeDeltas(delta)
+	if s.in.Curve != nil {
+		r := s.r
+		var cur int64
+		for t := range n {
+			cur += delta[t]
+			r.Ops[t].Mem = s.in.Curve[t] + cur
+			if t == 0 || r.Ops[t].Mem > r.Peak {
+				r.Peak, r.PeakOp = r.Ops[t].Mem, t
+			}
+		}
+	}
+}
+
+// freeDeltas records which op each swap's memory counts as free from
+// (Freed), and adds to delta (n+1 entries, zero) the change to the
+// allocated bytes from each op on: the swaps' bytes off the device, the
+// recomputes' dropped bytes, the held inputs' bytes. A dynamic Free is the
+// first op that starts after the copy out ends (the op after Out for a
+// swap that copies nothing out), In if none.
+func (s *sim) freeDeltas(delta []int64) {
+	in, r, n := &s.in, s.r, len(s.in.OpTimes)
+	for k, sw := range in.Swaps {
+		if sw.Wraps() {
+			// Free over [0, In) and [Free, n).
+			r.Freed[k] = sw.Free
+			delta[0] -= sw.Bytes
+			delta[sw.In] += sw.Bytes
+			delta[sw.Free] -= sw.Bytes
+			delta[n] += sw.Bytes
+			continue
+		}
+		f := sw.Free
+		if f < 0 && sw.NoCopyOut {
+			f = sw.Out + 1
 		}
 		if f < 0 {
 			end := r.Out[k].End
-			f = s.In
-			for t := s.Out + 1; t < s.In; t++ {
+			f = sw.In
+			for t := sw.Out + 1; t < sw.In; t++ {
 				if r.Ops[t].Start >= end {
 					f = t
 					break
@@ -732,8 +920,8 @@ func run(in Input, backlog float64) (*Result, float64, error) {
 			}
 		}
 		r.Freed[k] = f
-		delta[f] -= s.Bytes
-		delta[s.In] += s.Bytes
+		delta[f] -= sw.Bytes
+		delta[sw.In] += sw.Bytes
 	}
 	for _, rc := range in.Recomputes {
 		delta[rc.Drop+1] -= rc.Bytes
@@ -743,17 +931,6 @@ func run(in Input, backlog float64) (*Result, float64, error) {
 		delta[h.From] += h.Bytes
 		delta[h.To] -= h.Bytes
 	}
-	if in.Curve != nil {
-		var cur int64
-		for t := range n {
-			cur += delta[t]
-			r.Ops[t].Mem = in.Curve[t] + cur
-			if t == 0 || r.Ops[t].Mem > r.Peak {
-				r.Peak, r.PeakOp = r.Ops[t].Mem, t
-			}
-		}
-	}
-	return r, left, nil
 }
 
 func bucket(n int, swaps []Swap, at func(Swap) int) [][]int {
