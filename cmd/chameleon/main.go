@@ -50,6 +50,10 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if args[0] == "version" || args[0] == "--version" {
+		fmt.Fprintln(stdout, versionLine())
+		return 0
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "chameleon: unknown command %q\n", args[0])
@@ -82,6 +86,7 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(&b, "  %-8s %s\n", n, commands[n].summary)
 	}
+	fmt.Fprintf(&b, "  %-8s %s\n", "version", "print the build: module version, commit, whether the tree was modified, Go version")
 	b.WriteString("\nRun 'chameleon <command> -h' for a command's flags.\n")
 	io.WriteString(w, b.String())
 }

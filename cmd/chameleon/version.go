@@ -2,22 +2,8 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"runtime/debug"
 )
-
-func init() {
-	register("version", "print the build: module version, commit, whether the tree was modified, Go version", runVersion)
-}
-
-func runVersion(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("version", "", stderr)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, versionLine())
-	return nil
-}
 
 // versionLine is the build as the Go toolchain stamped it: the module's
 // version ("(devel)" in a clone), the commit and its time, whether the
