@@ -65,3 +65,7 @@ func TestLongReplaysRunAsPlanned(t *testing.T) {
 		})
 	}
 }
+
+// checkPlanDoc: the long step checks that docs/plan.md is what the head
+// plans (TestPlanTraces), laid-out plans included.
+const checkPlanDoc = true
