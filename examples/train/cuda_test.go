@@ -62,6 +62,37 @@ func TestRealCUDALimitKeepsLossBits(t *testing.T) {
 // copies through libcudart, kernel parameters, and that the limited run
 // repeats the unlimited run's losses. It needs a C compiler.
 func TestFakeCUDATrain(t *testing.T) {
+	cudart := fakeCUDA(t)
+	d, err := cuda.New(cuda.WithLibrary(cudart))
+	require.NoError(t, err)
+	defer d.Close()
+	g, err := gpu.New(d.DefaultStream())
+	require.NoError(t, err)
+	defer g.Close()
+	kernels := func(device.Stream) (compute.Kernels, error) { return g, nil }
+
+	cfg := small(t)
+	cfg.Steps = 12
+	cfg.Limit = cfg.UpperBoundBytes()
+	free, err := Train(d, kernels, cfg)
+	require.NoError(t, err)
+	require.Zero(t, free.Stats.SwapsOut)
+
+	cfg.Limit = free.Stats.PeakDeviceBytes / 2
+	rep, err := Train(d, kernels, cfg)
+	require.NoError(t, err)
+	requireSameBits(t, free.Losses(), rep.Losses())
+	assert.Positive(t, rep.Stats.SwappedOutBytes)
+	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit)
+	ls := rep.Losses()
+	assert.Less(t, ls[len(ls)-1], ls[0], "the loss must fall: %v", ls)
+}
+
+// fakeCUDA builds the fake libcudart of device/cuda's tests and package
+// gpu's fake libnvrtc, libcuda and libcublas, points gpu's environment at
+// the latter and returns the former's path. It skips without a C compiler.
+func fakeCUDA(t *testing.T) string {
+	t.Helper()
 	cc := os.Getenv("CC")
 	if cc == "" {
 		cc = "cc"
@@ -87,27 +118,20 @@ func TestFakeCUDATrain(t *testing.T) {
 	for _, env := range []string{gpu.EnvNVRTC, gpu.EnvLibcuda, gpu.EnvCublas} {
 		t.Setenv(env, fake)
 	}
-	d, err := cuda.New(cuda.WithLibrary(cudart))
-	require.NoError(t, err)
-	defer d.Close()
-	g, err := gpu.New(d.DefaultStream())
-	require.NoError(t, err)
-	defer g.Close()
-	kernels := func(device.Stream) (compute.Kernels, error) { return g, nil }
+	return cudart
+}
 
-	cfg := small(t)
-	cfg.Steps = 12
-	cfg.Limit = cfg.UpperBoundBytes()
-	free, err := Train(d, kernels, cfg)
-	require.NoError(t, err)
-	require.Zero(t, free.Stats.SwapsOut)
-
-	cfg.Limit = free.Stats.PeakDeviceBytes / 2
-	rep, err := Train(d, kernels, cfg)
-	require.NoError(t, err)
-	requireSameBits(t, free.Losses(), rep.Losses())
-	assert.Positive(t, rep.Stats.SwappedOutBytes)
-	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit)
-	ls := rep.Losses()
-	assert.Less(t, ls[len(ls)-1], ls[0], "the loss must fall: %v", ls)
+// TestFakeCUDARank runs the command's rank path on --device cuda over the
+// fake libraries: one rank, the in-process channel (no NCCL), the rank's
+// goroutine on a thread of its own with its GPU's context current.
+func TestFakeCUDARank(t *testing.T) {
+	t.Setenv(cuda.EnvLibrary, fakeCUDA(t))
+	res, out := runCommand(t, append(smallArgs(256), "--device", "cuda", "--ranks", "1", "--rank-channel", "local", "--steps", "10", "--verify", "--quiet")...)
+	assert.Contains(t, out, "kept as they are (one rank)")
+	c := res.check()
+	assert.True(t, c.Verified)
+	assert.True(t, c.WithinLimit)
+	require.NotNil(t, res.Ref)
+	requireSameBits(t, res.Ref.Losses(), res.Limited[0].Losses())
+	assert.Positive(t, res.Limited[0].Stats.SwappedOutBytes)
 }

@@ -7,6 +7,7 @@
 //	go run ./examples/train                          # host backend, 50% of the unlimited peak
 //	go run ./examples/train --dynamic --steps 60     # layers skipped in phases: detection, re-planning, policy cache hits
 //	go run ./examples/train --device cuda --layers 32 --width 2048 --batch 65536 --limit 40%
+//	go run ./examples/train --ranks 3 --batch 1536 --verify  # data-parallel ranks, one host device each
 //
 // A percent limit is of the peak device bytes measured in a run of the same
 // model without a limit (its first --baseline-steps steps, on a reservation
@@ -20,6 +21,16 @@
 // GEMMs through cuBLAS and the elementwise kernels through NVRTC and the
 // driver API (package gpu), all loaded with purego: the binary builds with
 // CGO_ENABLED=0.
+//
+// With --ranks N the command trains data-parallel: N goroutines, each on a
+// device of its own (GPU r with --device cuda, a host device each with
+// --device host) with an Engine of its own, each on batch/N rows of the
+// global batch. The gradients and the loss are averaged over the ranks
+// before the optimizer step (in Go on the host backend, ncclAllReduce on
+// CUDA), and the Engines share one policy: rank 0 plans, the others adopt
+// it over the policy channel (--rank-channel: in-process, or NCCL
+// broadcasts between the GPUs). A percent --limit is of one rank's peak
+// and holds on every rank.
 package main
 
 import (
@@ -31,9 +42,10 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/chameleon-go/chameleon"
-	"github.com/chameleon-go/chameleon/examples/internal/backend"
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/examples/internal/cli"
 	"github.com/chameleon-go/chameleon/seq"
 )
@@ -94,6 +106,12 @@ type options struct {
 	timing        bool
 	estimated     bool
 	quiet         bool
+	ranks         int
+	rankChannel   string
+	rankTimeout   time.Duration
+	hostBudget    string
+	// syncSet: --sync-planning was given on the command line.
+	syncSet bool
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -133,6 +151,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.timing, "timing", false, "print the policy's layer times (planned, simulated, sampled on the device) and the link the executor's copies measured against the raw copy rate")
 	fs.BoolVar(&o.estimated, "estimated", false, "plan on the estimator's op times and the configured link, not on measured ones (chameleon.WithMeasuredTimes(false))")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
+	fs.IntVar(&o.ranks, "ranks", 1, "data-parallel ranks, one device each (GPU r on cuda), each on --batch/ranks rows of the global batch, gradients averaged over them")
+	fs.StringVar(&o.rankChannel, "rank-channel", "", "the channel rank 0 sends its policies over: local (in-process) or nccl (cuda; NCCL broadcasts between the GPUs). Default: none with --ranks 1, local on host, nccl on cuda; given with --ranks 1, the rank machinery runs with one rank")
+	fs.DurationVar(&o.rankTimeout, "rank-timeout", chameleon.DefaultRankTimeout, "how long a rank waits for rank 0's policy (chameleon.WithRankTimeout), and for the NCCL channel to connect")
+	fs.StringVar(&o.hostBudget, "host-budget", "0", "pinned host bytes of the node, shared by the ranks of the limited run (chameleon.WithHostBudget(total, ranks)); 0: none, each Engine's pool grows as it needs")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -142,6 +164,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q: every input is a flag (train -h)", fs.Arg(0))
 	}
+	fs.Visit(func(f *flag.Flag) { o.syncSet = o.syncSet || f.Name == "sync-planning" })
 	if o.model.FFN == 0 {
 		o.model.FFN = o.model.Width
 	}
@@ -171,6 +194,16 @@ func (o *options) check() error {
 		return usagef("--host-bw %g: cannot be negative", o.hostBW)
 	case o.workers < 0:
 		return usagef("--workers %d: cannot be negative", o.workers)
+	case o.ranks < 1:
+		return usagef("--ranks %d: want at least 1", o.ranks)
+	case o.model.Batch%o.ranks != 0:
+		return usagef("--batch %d is not divisible by --ranks %d: each rank trains on batch/ranks rows of the global batch", o.model.Batch, o.ranks)
+	case o.rankChannel != "" && o.rankChannel != "local" && o.rankChannel != "nccl":
+		return usagef("--rank-channel %q: want local or nccl", o.rankChannel)
+	case o.rankChannel == "nccl" && o.device != "cuda":
+		return usagef("--rank-channel nccl: NCCL runs between GPUs, want --device cuda (or --rank-channel local)")
+	case o.rankTimeout <= 0:
+		return usagef("--rank-timeout %v: want a positive duration", o.rankTimeout)
 	}
 	if _, err := parseLimit(o.limit, 1<<40); err != nil {
 		return err
@@ -178,8 +211,22 @@ func (o *options) check() error {
 	if _, err := minSwap(o.minSwap, o.model); err != nil {
 		return usagef("--min-swap: %v", err)
 	}
-	if _, err := chameleon.ParseBytes(o.hostReserve); err != nil {
+	reserve, err := chameleon.ParseBytes(o.hostReserve)
+	if err != nil {
 		return usagef("--host-reserve: %v", err)
+	}
+	budget, err := chameleon.ParseBytes(o.hostBudget)
+	if err != nil {
+		return usagef("--host-budget: %v", err)
+	}
+	if budget > 0 {
+		share := budget / int64(o.ranks) &^ (device.BlockSize - 1)
+		switch {
+		case share < device.BlockSize:
+			return usagef("--host-budget %s: a share of %d bytes a rank is below one %d-byte block", o.hostBudget, share, device.BlockSize)
+		case reserve > share:
+			return usagef("--host-reserve %s is above a rank's share of --host-budget %s, %d bytes", o.hostReserve, o.hostBudget, share)
+		}
 	}
 	return nil
 }
@@ -197,22 +244,49 @@ func run(args []string, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	_, err = train(o, out)
+	return err
+}
+
+// outcome is what a command's runs gave, for the summary and the tests.
+type outcome struct {
+	// Base and Limited are the runs without and with the limit, a report
+	// per rank (Limited nil under --limit none).
+	Base, Limited []*Report
+	// Ref is one device at the global batch, run with --verify when the
+	// command runs ranks.
+	Ref          *Report
+	Limit, Peak  int64
+	Ranks        int
+	Channel      string
+	Model        Model // one rank's
+	GlobalBatch  int
+	BaseMS       float64
+	HostBudget   int64
+	SyncPlanning bool
+}
+
+// train runs the command's runs after parse.
+func train(o *options, out io.Writer) (*outcome, error) {
 	tiers, err := chameleon.ParseTiers(o.tiers)
 	if err != nil {
-		return usagef("--tiers: %v", err)
+		return nil, usagef("--tiers: %v", err)
 	}
 	var page int64
 	if o.pageSize != "" {
 		if page, err = chameleon.ParseBytes(o.pageSize); err != nil {
-			return cli.Usagef("--page-size: %v", err)
+			return nil, cli.Usagef("--page-size: %v", err)
 		}
 	}
-	b, err := backend.Open(backend.Options{Device: o.device, Workers: o.workers, HostBW: o.hostBW, TF32: o.tf32, Arch: o.arch, PageSize: page})
+	j, err := openJob(o, page)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer b.Close()
+	defer j.Close()
+	b := j.backends[0]
 	m := o.model
+	m.Batch /= j.n
+	res := &outcome{Ranks: j.n, Channel: j.channel, Model: m, GlobalBatch: o.model.Batch}
 	lr := float32(o.lr)
 	if lr == 0 {
 		lr = DefaultLR(m.Width)
@@ -220,14 +294,37 @@ func run(args []string, out, stderr io.Writer) error {
 	cfg := Config{Model: m, Steps: o.steps, LR: lr, Momentum: float32(o.momentum), Seed: o.seed,
 		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: hostLink(o), Estimator: b.Est, PhaseSync: o.phaseTimes, Recompute: o.recompute}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
-		return err
+		return nil, err
 	}
 	reserve, err := chameleon.ParseBytes(o.hostReserve)
 	if err != nil {
-		return fmt.Errorf("--host-reserve: %w", err)
+		return nil, fmt.Errorf("--host-reserve: %w", err)
+	}
+	if res.HostBudget, err = chameleon.ParseBytes(o.hostBudget); err != nil {
+		return nil, fmt.Errorf("--host-budget: %w", err)
 	}
 	fmt.Fprintf(out, "device %s: %d blocks, width %d, ffn %d, batch %d; parameters %s (x3 with gradients and momentum), saved activations %s per step\n",
 		b.Dev.Name(), m.Layers, m.Width, m.FFN, m.Batch, bytesStr(m.ParamBytes()), bytesStr(m.SavedActivationBytes()))
+	if j.ranked {
+		names := make([]string, j.n)
+		for r, rb := range j.backends {
+			names[r] = rb.Dev.Name()
+		}
+		grads := "averaged in Go"
+		switch {
+		case j.grads != nil:
+			grads = "averaged with ncclAllReduce (NCCL " + ncclVersion(j) + ")"
+		case o.device == "cuda":
+			grads = "kept as they are (one rank)"
+		}
+		fmt.Fprintf(out, "ranks %d: %d rows each of a global batch of %d; policies over the %s channel, gradients and loss %s; devices %s\n",
+			j.n, m.Batch, o.model.Batch, j.channel, grads, strings.Join(names, ", "))
+	}
+	// Ranks exchange policies at the iteration each plans a sequence:
+	// with NCCL, rank 0's broadcast is best queued there too, among the
+	// gradients' collectives, not where its planning worker happens to
+	// finish.
+	res.SyncPlanning = o.syncPlanning || (j.ranked && j.n > 1 && j.channel == "nccl" && !o.syncSet)
 
 	// The run without a limit: its reservation covers the analytic upper
 	// bound, and is doubled if the Engine still had to evict.
@@ -237,6 +334,7 @@ func run(args []string, out, stderr io.Writer) error {
 		base.Steps = o.steps
 	}
 	base.Limit = m.UpperBoundBytes()
+	base.SyncPlanning = res.SyncPlanning && j.ranked
 	noLimit := strings.TrimSpace(o.limit) == "none"
 	if noLimit {
 		base.Steps = o.steps
@@ -244,38 +342,60 @@ func run(args []string, out, stderr io.Writer) error {
 			base.Progress = func(s Step) { printStep(out, s, o.dynamic) }
 		}
 	}
-	var baseRep *Report
+	free := j.free()
 	for {
-		if b.Free > 0 && base.Limit > b.Free*9/10 {
-			base.Limit = b.Free * 9 / 10
+		if free > 0 && base.Limit > free*9/10 {
+			base.Limit = free * 9 / 10
 		}
 		fmt.Fprintf(out, "unlimited run: %d steps on a reservation of %s\n", base.Steps, bytesStr(base.Limit))
-		baseRep, err = Train(b.Dev, b.Kernels, base)
+		res.Base, err = j.train(base)
 		if err != nil {
-			return fmt.Errorf("unlimited run: %w", err)
+			return res, fmt.Errorf("unlimited run: %w", err)
 		}
-		if baseRep.Stats.SwapsOut == 0 || (b.Free > 0 && base.Limit >= b.Free*9/10) {
+		var swaps int64
+		for _, r := range res.Base {
+			swaps += r.Stats.SwapsOut
+		}
+		if swaps == 0 || (free > 0 && base.Limit >= free*9/10) {
 			break
 		}
 		base.Limit *= 2
 	}
-	peak := baseRep.Stats.PeakDeviceBytes
+	baseRep := res.Base[0]
+	for _, r := range res.Base {
+		res.Peak = max(res.Peak, r.Stats.PeakDeviceBytes)
+	}
+	peak := res.Peak
 	baseMS := medianMS(baseRep.Steps[min(1, len(baseRep.Steps)-1):], nil)
+	res.BaseMS = baseMS
 	fmt.Fprintf(out, "unlimited: peak %s (persistent %s), step %.2f ms (median after the first)\n",
 		bytesStr(peak), bytesStr(m.PersistentBytes()), baseMS)
 
+	// The summary speaks of one rank's model (the whole one without ranks).
+	so := *o
+	so.model = m
 	limit, err := parseLimit(o.limit, peak)
 	if err != nil {
-		return err
+		return res, err
 	}
 	if limit == 0 {
-		printSummary(out, o, baseRep, nil, 0, peak, baseMS)
-		return nil
+		printSummary(out, &so, baseRep, nil, 0, peak, baseMS)
+		if j.ranked {
+			if err := reference(j, o, cfg, free, res); err != nil {
+				return res, err
+			}
+			printRanks(out, o, res)
+		}
+		return res, nil
 	}
+	res.Limit = limit
 	cfg.Limit = limit
 	cfg.StepMS = baseMS
 	if reserve > 0 {
 		cfg.Options = append(cfg.Options, chameleon.WithHostReserve(reserve))
+	}
+	if res.HostBudget > 0 {
+		cfg.Options = append(cfg.Options, chameleon.WithHostBudget(res.HostBudget, j.n))
 	}
 	if !o.quiet {
 		cfg.Progress = func(s Step) { printStep(out, s, o.dynamic) }
@@ -284,23 +404,64 @@ func run(args []string, out, stderr io.Writer) error {
 		cfg.Options = append(cfg.Options, chameleon.WithMeasuredTimes(false))
 	}
 	cfg.Options = append(cfg.Options, chameleon.WithPlacement(o.placement))
-	cfg.SyncPlanning = o.syncPlanning
+	cfg.SyncPlanning = res.SyncPlanning
 	cfg.Options = append(cfg.Options, chameleon.WithTiers(tiers...))
 	var raw *rawRates
 	if o.timing {
-		if raw, err = rawLink(b.Dev, rawCopyBytes(limit), 4); err != nil {
-			return fmt.Errorf("raw copy rate: %w", err)
+		measure := func() (err error) {
+			raw, err = rawLink(b.Dev, rawCopyBytes(limit), 4)
+			return err
+		}
+		if j.ranked {
+			err = onDevice(b.Dev, measure)
+		} else {
+			err = measure()
+		}
+		if err != nil {
+			return res, fmt.Errorf("raw copy rate: %w", err)
 		}
 	}
 	fmt.Fprintf(out, "limited run: %d steps, limit %s (%.0f%% of the unlimited peak); the unlimited peak less persistent bytes is %.2fx the limit\n",
 		cfg.Steps, bytesStr(limit), 100*float64(limit)/float64(peak), float64(peak-m.PersistentBytes())/float64(limit))
-	rep, err := Train(b.Dev, b.Kernels, cfg)
+	res.Limited, err = j.train(cfg)
 	if err != nil {
-		return fmt.Errorf("limited run: %w", err)
+		return res, fmt.Errorf("limited run: %w", err)
 	}
-	printSummary(out, o, baseRep, rep, limit, peak, baseMS)
+	rep := res.Limited[0]
+	printSummary(out, &so, baseRep, rep, limit, peak, baseMS)
+	if j.ranked {
+		if err := reference(j, o, cfg, free, res); err != nil {
+			return res, err
+		}
+		printRanks(out, o, res)
+	}
 	if o.timing {
 		printTiming(out, rep, raw)
+	}
+	return res, nil
+}
+
+// reference is, with --verify, the run the ranks are checked against:
+// one device (rank 0's) at the global batch, without a limit (its
+// reservation bounded by the device, as the unlimited run's: a run that
+// must swap there still gives the same losses).
+func reference(j *job, o *options, cfg Config, free int64, res *outcome) error {
+	if !o.verify {
+		return nil
+	}
+	ref := cfg
+	ref.Model = o.model
+	ref.Steps = o.steps
+	ref.Limit = ref.UpperBoundBytes()
+	if free > 0 && ref.Limit > free*9/10 {
+		ref.Limit = free * 9 / 10
+	}
+	ref.StepMS, ref.Options, ref.Progress, ref.Rank, ref.Reduce = 0, nil, nil, 0, nil
+	ref.SyncPlanning = o.syncPlanning
+	ref.MinSwap, _ = minSwap(o.minSwap, ref.Model)
+	var err error
+	if res.Ref, err = j.single(ref); err != nil {
+		return fmt.Errorf("one device at the global batch of %d (--verify): %w", ref.Batch, err)
 	}
 	return nil
 }

@@ -40,6 +40,14 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"--steps", "0"}, "--steps 0"},
 		{[]string{"--layers", "0"}, "Layers:0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--ranks", "0"}, "--ranks 0"},
+		{[]string{"--ranks", "3"}, "--batch 1024 is not divisible by --ranks 3"},
+		{[]string{"--rank-channel", "mpi"}, `--rank-channel "mpi"`},
+		{[]string{"--rank-channel", "nccl"}, "want --device cuda"},
+		{[]string{"--rank-timeout", "0s"}, "--rank-timeout"},
+		{[]string{"--host-budget", "x"}, "--host-budget"},
+		{[]string{"--ranks", "4", "--host-budget", "1KiB"}, "below one"},
+		{[]string{"--ranks", "2", "--host-budget", "64MiB", "--host-reserve", "40MiB"}, "above a rank's share"},
 	}
 	for _, tt := range tests {
 		out.Reset()

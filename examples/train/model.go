@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/chameleon-go/chameleon"
@@ -81,6 +82,7 @@ type param struct {
 	w, g, m *chameleon.Tensor
 	n       int
 	module  string // call site of its optimizer op
+	reduce  string // call site of its gradient's all-reduce (ranks)
 }
 
 type block struct {
@@ -115,6 +117,11 @@ type net struct {
 	shBH, shBF, shBO, shBD, shBT, shScalar []int64
 	// recompute: forward ops hand the Engine their kernel to run again.
 	recompute bool
+	// reduce, with data-parallel ranks, averages each gradient and the
+	// loss over the ranks (nil: one rank, no such ops); row0 is the first
+	// row of the global batch this rank's batch holds.
+	reduce Reducer
+	row0   int
 }
 
 // mix derives independent seeds from the run's seed: one per parameter,
@@ -149,7 +156,7 @@ func newNet(eng *chameleon.Engine, k compute.Kernels, m Model, seed uint64) (*ne
 		return t, k.Uniform(t.Ptr(), int(size/4), mix(seed, 1, idx), scale)
 	}
 	newParam := func(module string, scale float32, shape ...int64) (*param, error) {
-		p := &param{module: module, n: int(shape[0])}
+		p := &param{module: module, reduce: strings.TrimSuffix(module, ".opt") + ".grad_allreduce", n: int(shape[0])}
 		if len(shape) > 1 {
 			p.n *= int(shape[1])
 		}
@@ -273,7 +280,7 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 		return fail(err)
 	}
 	if err := n.run("aten::uniform_", "data.x", fwd, nil, ts(x), func() error {
-		return n.k.Uniform(x.Ptr(), B*D, mix(n.seed, 2, uint64(index)), float32(math.Sqrt(3)))
+		return n.k.Uniform(x.Ptr(), B*D, shardSeed(mix(n.seed, 2, uint64(index)), uint64(n.row0)*uint64(D)), float32(math.Sqrt(3)))
 	}); err != nil {
 		return fail(err)
 	}
@@ -498,10 +505,34 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 		return fail(err)
 	}
 
+	// Data parallelism: each rank replaces its gradients, and the loss,
+	// with their mean over the ranks, so that every rank applies the same
+	// update, that of the global batch, and reports the same loss. One op
+	// per tensor, in the same order on every rank (a skipped block's
+	// parameters are skipped by all), each of them resident only while
+	// its own all-reduce runs.
+	if n.reduce != nil {
+		if err := n.run("c10d::allreduce_", "loss.allreduce", bwd, ts(loss), ts(loss), func() error {
+			return n.reduce.AllReduce(loss.Ptr(), 1)
+		}); err != nil {
+			return fail(err)
+		}
+		for i, p := range n.params {
+			if n.skipped(skip, i) {
+				continue
+			}
+			if err := n.run("c10d::allreduce_", p.reduce, bwd, ts(p.g), ts(p.g), func() error {
+				return n.reduce.AllReduce(p.g.Ptr(), p.n)
+			}); err != nil {
+				return fail(err)
+			}
+		}
+	}
+
 	// Optimizer: a skipped block's parameters got no gradient this step
 	// and keep their momentum as it was.
 	for i, p := range n.params {
-		if skip != nil && i >= 1 && i < 1+3*len(n.blocks) && skip[(i-1)/3] {
+		if n.skipped(skip, i) {
 			continue
 		}
 		if err := n.run("aten::_fused_sgd_", p.module, opt, ts(p.w, p.g, p.m), ts(p.w, p.m), func() error {
@@ -524,6 +555,19 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	res := n.it.End()
 	return math.Float32frombits(uint32(n.lossBuf[0]) | uint32(n.lossBuf[1])<<8 | uint32(n.lossBuf[2])<<16 | uint32(n.lossBuf[3])<<24), res, nil
 }
+
+// skipped says whether parameter i belongs to a block skip leaves out.
+func (n *net) skipped(skip []bool, i int) bool {
+	return skip != nil && i >= 1 && i < 1+3*len(n.blocks) && skip[(i-1)/3]
+}
+
+// shardSeed is the seed under which compute.Uniform's element i is
+// element first+i of the sequence under seed: Hash(seed, i) mixes
+// seed + (i+1)*golden, so moving the seed by first*golden (mod 2^64)
+// moves the counter. A rank whose batch starts at row r of the global
+// batch draws its rows with shardSeed(seed, r*In): the very numbers the
+// global batch has there, with no host upload and on every backend.
+func shardSeed(seed, first uint64) uint64 { return seed + first*0x9E3779B97F4A7C15 }
 
 // skipPatterns returns the layer-skip patterns of a dynamic run: pattern 0
 // runs every block, each other one leaves out a random quarter of them

@@ -63,6 +63,14 @@ type Config struct {
 	// (chameleon.WithSyncPlanning), so that the policy runs from the next
 	// step whatever the machine's speed; default: plans run off the step.
 	SyncPlanning bool
+	// Rank, with data-parallel ranks, places this run's Batch rows in the
+	// global batch: they are rows [Rank*Batch, (Rank+1)*Batch) of it, drawn
+	// as the global batch draws them (0: the first rows, a run of its own).
+	Rank int
+	// Reduce, with data-parallel ranks, makes the Reducer that averages the
+	// gradients and the loss over the ranks, on the Engine's compute
+	// stream (nil: no all-reduce, one rank). See TrainRanks.
+	Reduce func(compute device.Stream) (Reducer, error)
 	// Options are passed to chameleon.New last.
 	Options []chameleon.Option
 	// Progress, when set, gets each step as it ends.
@@ -148,6 +156,12 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	n.recompute = cfg.Recompute
+	n.row0 = cfg.Rank * cfg.Batch
+	if cfg.Reduce != nil {
+		if n.reduce, err = cfg.Reduce(eng.ComputeStream()); err != nil {
+			return nil, fmt.Errorf("all-reduce: %w", err)
+		}
+	}
 	var pats [][]bool
 	if cfg.Dynamic {
 		pats = skipPatterns(cfg.Layers, max(cfg.Patterns, 2), cfg.Seed)

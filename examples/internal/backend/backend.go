@@ -28,6 +28,12 @@ type Options struct {
 	// PageSize is the bytes of each mapped page on cuda (0: the device's
 	// rule for the limit, device.PageFor).
 	PageSize int64
+	// Ordinal is the GPU on cuda (cuda.WithDevice, gpu.WithDevice; default
+	// 0). The CUDA runtime keeps the current device per OS thread, so a
+	// caller that opens a GPU other than 0 does it on a thread it holds
+	// (runtime.LockOSThread) and does not give back to other goroutines:
+	// Open leaves that GPU current on it.
+	Ordinal int
 }
 
 // Backend is an opened device with the kernels the models run on it.
@@ -58,15 +64,20 @@ func Open(o Options) (*Backend, error) {
 		return &Backend{Dev: d, Close: d.Close, Est: HostCostModel(o.Workers),
 			Kernels: func(s device.Stream) (compute.Kernels, error) { return compute.NewHost(d, s, o.Workers), nil }}, nil
 	case "cuda":
-		var copts []cuda.Option
+		copts := []cuda.Option{cuda.WithDevice(o.Ordinal)}
 		if o.PageSize > 0 {
 			copts = append(copts, cuda.WithPageSize(o.PageSize))
 		}
+		// cuda.New makes the GPU current on this thread, and gpu.New's
+		// cuBLAS handle is made on the thread's current GPU: one thread
+		// for both.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		d, err := cuda.New(copts...)
 		if err != nil {
 			return nil, err
 		}
-		g, err := gpu.New(d.DefaultStream(), gpu.WithTF32(o.TF32), gpu.WithArch(o.Arch))
+		g, err := gpu.New(d.DefaultStream(), gpu.WithTF32(o.TF32), gpu.WithArch(o.Arch), gpu.WithDevice(o.Ordinal))
 		if err != nil {
 			d.Close()
 			return nil, err
