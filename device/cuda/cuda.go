@@ -244,6 +244,9 @@ func New(opts ...Option) (*Device, error) {
 			d.ctx = ctx
 		}
 	}
+	if cfg.ordinal != 0 {
+		otherGPUs.Store(true)
+	}
 	d.name = fmt.Sprintf("cuda:%d", cfg.ordinal)
 	if n := a.deviceName(cfg.ordinal); n != "" {
 		d.name = fmt.Sprintf("%s (cuda:%d)", n, cfg.ordinal)
@@ -265,7 +268,7 @@ func (d *Device) enter(what string) error {
 	if d.closed.Load() {
 		return fmt.Errorf("cuda: %s: %w", what, device.ErrClosed)
 	}
-	if d.ordinal == 0 {
+	if !d.switches() {
 		return nil
 	}
 	runtime.LockOSThread()
@@ -277,10 +280,20 @@ func (d *Device) enter(what string) error {
 }
 
 func (d *Device) leave() {
-	if d.ordinal != 0 {
+	if d.switches() {
 		runtime.UnlockOSThread()
 	}
 }
+
+// otherGPUs is set once the process opens a GPU other than 0: from then
+// on every call makes its device current on its OS thread, GPU 0's too (a
+// thread that ran GPU 1's calls would otherwise send GPU 0's there). Open
+// every device before using any: a call under way on GPU 0 while another
+// opens may leave its thread unlocked one time too many.
+var otherGPUs atomic.Bool
+
+// switches says whether a call makes d current on its thread first.
+func (d *Device) switches() bool { return d.ordinal != 0 || otherGPUs.Load() }
 
 // Close destroys the streams and events made by d. Memory is not freed: the
 // allocator and pool that own it free it in their own Close.
