@@ -108,91 +108,126 @@ var errNoUpdate = fmt.Errorf("the cached policy cannot be updated to this limit:
 // (in.Limit): the old swaps and recomputes simulated on link, then the
 // overflow planned or the swaps the room lets go dropped.
 func differential(in mre.Input, old []simulate.Swap, rcs []simulate.Recompute, link simulate.Link, popts []mre.Option) (*mre.Policy, updateStats, error) {
-	var st updateStats
-	curve := in.ResolveCurve()
-	n := len(curve)
-	for _, s := range old {
-		if _, ok := in.Model.Index[s.Tensor]; !ok {
-			return nil, st, fmt.Errorf("swap of tensor %d: not a tensor of the profile", s.Tensor)
-		}
-		if err := s.Validate(n); err != nil {
-			return nil, st, err
-		}
+	u := &updater{in: in, curve: in.ResolveCurve(), old: old, rcs: rcs, link: link}
+	if err := u.check(); err != nil {
+		return nil, u.st, err
 	}
-	for _, r := range rcs {
-		if err := r.Validate(n); err != nil {
-			return nil, st, err
-		}
-	}
-	run := func(sw []simulate.Swap) (*simulate.Result, error) {
-		return simulate.Run(simulate.Input{OpTimes: in.OpTimes, Curve: curve, Swaps: sw, Recomputes: rcs, Link: link})
-	}
-	done := func(sw []simulate.Swap, sim *simulate.Result) (*mre.Policy, updateStats, error) {
-		return &mre.Policy{Limit: in.Limit, MRL: mre.MRL(curve, in.Limit), Swaps: sw, Recomputes: rcs, Sim: sim, Curve: curve, Rounds: 1}, st, nil
-	}
-	sim, err := run(old)
+	sim, err := u.run(old)
 	if err != nil {
-		return nil, st, err
+		return nil, u.st, err
 	}
 	if sim.Peak <= in.Limit {
-		// The policy holds. Let go of what the room allows, largest first:
-		// each swap's bytes come back over the ops where they counted as
-		// free, if the curve stays under the limit there.
-		mem := make([]int64, n)
-		for t := range sim.Ops {
-			mem[t] = sim.Ops[t].Mem
-		}
-		order := make([]int, len(old))
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(old[b].Bytes, old[a].Bytes) })
-		drop := make([]bool, len(old))
-		for _, i := range order {
-			s := old[i]
-			free := s.Free
-			if i < len(sim.Freed) && sim.Freed[i] >= 0 {
-				free = sim.Freed[i]
-			}
-			spans := freedSpans(s, free, n)
-			fits := true
-			for _, sp := range spans {
-				for t := sp[0]; t < sp[1] && fits; t++ {
-					fits = mem[t]+s.Bytes <= in.Limit
-				}
-			}
-			if !fits {
-				continue
-			}
-			for _, sp := range spans {
-				for t := sp[0]; t < sp[1]; t++ {
-					mem[t] += s.Bytes
-				}
-			}
-			drop[i] = true
-		}
-		kept := make([]simulate.Swap, 0, len(old))
-		for i, s := range old {
-			if !drop[i] {
-				kept = append(kept, s)
-			}
-		}
-		if len(kept) < len(old) {
-			if ks, err := run(kept); err == nil && ks.Peak <= in.Limit {
-				st.kept, st.dropped = len(kept), len(old)-len(kept)
-				return done(kept, ks)
-			}
-		}
-		st.kept = len(old)
-		return done(slices.Clone(old), sim)
+		return u.letGo(sim)
 	}
-	// The policy overflows: plan the overflow over what its swaps leave,
-	// with tensors it does not move yet, a few rounds.
+	return u.overflow(sim, popts)
+}
+
+// updater is a differential update under way: the profile's input and
+// curve, the cached policy's swaps and recomputes, the link, and what it
+// kept, added and let go.
+type updater struct {
+	in    mre.Input
+	curve []int64
+	old   []simulate.Swap
+	rcs   []simulate.Recompute
+	link  simulate.Link
+	st    updateStats
+}
+
+// check refuses a policy whose swaps and recomputes are not the profile's.
+func (u *updater) check() error {
+	n := len(u.curve)
+	for _, s := range u.old {
+		if _, ok := u.in.Model.Index[s.Tensor]; !ok {
+			return fmt.Errorf("swap of tensor %d: not a tensor of the profile", s.Tensor)
+		}
+		if err := s.Validate(n); err != nil {
+			return err
+		}
+	}
+	for _, r := range u.rcs {
+		if err := r.Validate(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run simulates swaps sw with the policy's recomputes.
+func (u *updater) run(sw []simulate.Swap) (*simulate.Result, error) {
+	return simulate.Run(simulate.Input{OpTimes: u.in.OpTimes, Curve: u.curve, Swaps: sw, Recomputes: u.rcs, Link: u.link})
+}
+
+// done is the updated policy of swaps sw and their simulation.
+func (u *updater) done(sw []simulate.Swap, sim *simulate.Result) (*mre.Policy, updateStats, error) {
+	return &mre.Policy{Limit: u.in.Limit, MRL: mre.MRL(u.curve, u.in.Limit), Swaps: sw, Recomputes: u.rcs, Sim: sim, Curve: u.curve, Rounds: 1}, u.st, nil
+}
+
+// letGo is the update of a policy that holds under the limit (sim): it
+// lets go of what the room allows, largest first, each swap's bytes coming
+// back over the ops where they counted as free if the curve stays under
+// the limit there.
+func (u *updater) letGo(sim *simulate.Result) (*mre.Policy, updateStats, error) {
+	old, n, limit := u.old, len(u.curve), u.in.Limit
+	mem := make([]int64, n)
+	for t := range sim.Ops {
+		mem[t] = sim.Ops[t].Mem
+	}
+	order := make([]int, len(old))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(old[b].Bytes, old[a].Bytes) })
+	kept := make([]simulate.Swap, 0, len(old))
+	drop := make([]bool, len(old))
+	for _, i := range order {
+		s := old[i]
+		free := s.Free
+		if i < len(sim.Freed) && sim.Freed[i] >= 0 {
+			free = sim.Freed[i]
+		}
+		spans := freedSpans(s, free, n)
+		fits := true
+		for _, sp := range spans {
+			for t := sp[0]; t < sp[1] && fits; t++ {
+				fits = mem[t]+s.Bytes <= limit
+			}
+		}
+		if !fits {
+			continue
+		}
+		for _, sp := range spans {
+			for t := sp[0]; t < sp[1]; t++ {
+				mem[t] += s.Bytes
+			}
+		}
+		drop[i] = true
+	}
+	for i, s := range old {
+		if !drop[i] {
+			kept = append(kept, s)
+		}
+	}
+	if len(kept) < len(old) {
+		if ks, err := u.run(kept); err == nil && ks.Peak <= limit {
+			u.st.kept, u.st.dropped = len(kept), len(old)-len(kept)
+			return u.done(kept, ks)
+		}
+	}
+	u.st.kept = len(old)
+	return u.done(slices.Clone(old), sim)
+}
+
+// overflow is the update of a policy that overflows the limit (sim): it
+// plans the overflow over what its swaps leave, with tensors it does not
+// move yet, a few rounds.
+func (u *updater) overflow(sim *simulate.Result, popts []mre.Option) (*mre.Policy, updateStats, error) {
+	in, n := u.in, len(u.curve)
 	moved := map[trace.TensorID]bool{}
-	for _, s := range old {
+	for _, s := range u.old {
 		moved[s.Tensor] = true
 	}
-	for _, r := range rcs {
+	for _, r := range u.rcs {
 		moved[r.Tensor] = true
 	}
 	// Tensors the policy moves are no candidates: their bytes are already
@@ -206,7 +241,7 @@ func differential(in mre.Input, old []simulate.Swap, rcs []simulate.Recompute, l
 			}
 		}
 	}
-	all := slices.Clone(old)
+	all := slices.Clone(u.old)
 	for range 3 {
 		hide()
 		rest := make([]int64, n)
@@ -216,9 +251,9 @@ func differential(in mre.Input, old []simulate.Swap, rcs []simulate.Recompute, l
 		extra, err := mre.Plan(mre.Input{Model: &model, Curve: rest, OpTimes: in.OpTimes, Groups: in.Groups, Limit: in.Limit}, popts...)
 		if err != nil {
 			if errors.Is(err, mre.ErrInfeasible) {
-				return nil, st, errNoUpdate
+				return nil, u.st, errNoUpdate
 			}
-			return nil, st, err
+			return nil, u.st, err
 		}
 		added := 0
 		for _, s := range extra.Swaps {
@@ -231,19 +266,19 @@ func differential(in mre.Input, old []simulate.Swap, rcs []simulate.Recompute, l
 		if added == 0 {
 			break
 		}
-		st.added += added
+		u.st.added += added
 		slices.SortStableFunc(all, func(a, b simulate.Swap) int {
 			return cmp.Or(cmp.Compare(a.Out, b.Out), cmp.Compare(a.Tensor, b.Tensor))
 		})
-		if sim, err = run(all); err != nil {
-			return nil, st, err
+		if sim, err = u.run(all); err != nil {
+			return nil, u.st, err
 		}
 		if sim.Peak <= in.Limit {
-			st.kept = len(old)
-			return done(all, sim)
+			u.st.kept = len(u.old)
+			return u.done(all, sim)
 		}
 	}
-	return nil, st, errNoUpdate
+	return nil, u.st, errNoUpdate
 }
 
 // freedSpans are the ops [from, to) after which a swap's memory counted as
