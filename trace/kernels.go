@@ -65,9 +65,11 @@ func ReadKernelsFile(path string) (*Kernels, error) {
 
 // ReadKernels reads an optrace-kernels/v1 document from r, gzip-compressed
 // or plain (told by its first bytes). It refuses a document beyond
-// MaxKernelsBytes or MaxKernelOps; errors are ParseErrors naming the line
-// (where the decoder stood: the document is usually one line) and the
-// field, ops[i].seq for instance.
+// MaxKernelsBytes or MaxKernelOps, a time outside [0, MaxIterMS] ms
+// (iteration_ms, kernel_ms_total) or [0, MaxOpUS] µs (kernel_us), and a
+// document cut short (a truncated gzip included); errors are ParseErrors
+// naming the line (where the decoder stood: the document is usually one
+// line) and the field, ops[i].seq for instance.
 func ReadKernels(r io.Reader, name string) (*Kernels, error) {
 	size := 1 << 16
 	if l, ok := r.(interface{ Len() int }); ok {
@@ -185,12 +187,12 @@ func (k *kernelsReader) read() (*Kernels, error) {
 				return nil, k.readErr("seq_len", err)
 			}
 		case strings.EqualFold(key, "iteration_ms"):
-			if err := dec.Decode(&out.IterationMS); err != nil {
-				return nil, k.readErr("iteration_ms", err)
+			if err := k.decodeMS("iteration_ms", &out.IterationMS); err != nil {
+				return nil, err
 			}
 		case strings.EqualFold(key, "kernel_ms_total"):
-			if err := dec.Decode(&out.KernelMSTotal); err != nil {
-				return nil, k.readErr("kernel_ms_total", err)
+			if err := k.decodeMS("kernel_ms_total", &out.KernelMSTotal); err != nil {
+				return nil, err
 			}
 		case strings.EqualFold(key, "ops"):
 			if out.Ops, err = k.ops(); err != nil {
@@ -219,6 +221,18 @@ func (k *kernelsReader) read() (*Kernels, error) {
 	return out, nil
 }
 
+// decodeMS reads an iteration's time in milliseconds into v, within
+// [0, MaxIterMS].
+func (k *kernelsReader) decodeMS(field string, v *float64) error {
+	if err := k.dec.Decode(v); err != nil {
+		return k.readErr(field, err)
+	}
+	if err := checkRange(*v, MaxIterMS, "ms", "a day"); err != nil {
+		return &ParseError{File: k.name, Line: k.line(), Field: field, Err: err}
+	}
+	return nil
+}
+
 // ops reads the ops list one op at a time, checking each as it comes.
 func (k *kernelsReader) ops() ([]KernelOp, error) {
 	dec := k.dec
@@ -245,8 +259,8 @@ func (k *kernelsReader) ops() ([]KernelOp, error) {
 		if op.Seq != i {
 			return nil, k.errf(field+".seq", "got %d", op.Seq)
 		}
-		if op.KernelUS < 0 {
-			return nil, k.errf(field+".kernel_us", "negative %g", op.KernelUS)
+		if err := checkRange(op.KernelUS, MaxOpUS, "µs", "an hour"); err != nil {
+			return nil, &ParseError{File: k.name, Line: k.line(), Field: field + ".kernel_us", Err: err}
 		}
 		op.Name, op.Overload = k.intern(op.Name), k.intern(op.Overload)
 		ops = append(ops, op)

@@ -21,6 +21,12 @@
 // (262,144). Each limit is 20 times or more what the largest recorded
 // trace reaches; see the constants. Package pytorch bounds its imports
 // likewise.
+//
+// Values that parse but make nonsense are refused the same way: iteration
+// indices that are negative, repeat or go back, and a time or a declared
+// cost that is negative or over its cap: MaxIterMS (a day) for an
+// iteration's times, MaxOpUS (an hour) for an op's, MaxOpFLOPs (1e21) and
+// MaxOpIOBytes (1e18) for an op's declared FLOPs and bytes.
 package trace
 
 import (

@@ -102,12 +102,62 @@ const (
 	MaxFileStringBytes = 8 << 20
 )
 
+// Limits on the times a trace records and the costs it declares, in
+// optrace/v1 and optrace-kernels/v1 alike. Each must be a number in [0,
+// its cap]: a negative or absurd one would reach the planner and the
+// reports as a negative iteration time or an op that takes longer than the
+// age of the universe. They sit far above what real recordings reach: in
+// the traces recorded on an H200 the longest iteration takes 2,408.5 ms
+// (instrumented), the longest op 62,781.7 µs (dur_us) and the longest
+// kernel time of an op 10,765.5 µs; no op declares FLOPs or bytes.
+const (
+	// MaxIterMS bounds an iteration's times, in milliseconds: an optrace's
+	// wall_ms, uninstrumented_ms and the footer's uninstrumented_iter_ms, a
+	// kernels file's iteration_ms and kernel_ms_total. A day.
+	MaxIterMS = 24 * 60 * 60 * 1000
+	// MaxOpUS bounds an op's time, in microseconds: an optrace's dur_us, a
+	// kernels file's kernel_us. An hour.
+	MaxOpUS = 60 * 60 * 1000 * 1000
+	// MaxOpFLOPs bounds the FLOPs an op declares (flops): 1e21, more than
+	// any accelerator today runs in an hour (an H200 runs some 1e15 a
+	// second).
+	MaxOpFLOPs = 1e21
+	// MaxOpIOBytes bounds the bytes an op declares it moves (io_bytes):
+	// 1e18, more than any accelerator's memory moves in an hour (an H200's
+	// 4.8 TB/s move 1.7e16).
+	MaxOpIOBytes = 1e18
+)
+
+// checkRange says why x is not a number in [0, hi], nil when it is; unit
+// is what x counts ("ms", "µs", "" for none), what says what hi is ("a
+// day").
+func checkRange(x, hi float64, unit, what string) error {
+	u := ""
+	if unit != "" {
+		u = " " + unit
+	}
+	switch {
+	case math.IsNaN(x) || math.IsInf(x, 0):
+		return fmt.Errorf("%g: not a finite number", x)
+	case x < 0:
+		return fmt.Errorf("negative: %g%s", x, u)
+	case x > hi:
+		return fmt.Errorf("%g%s, more than %s (%g%s)", x, u, what, hi, u)
+	}
+	return nil
+}
+
 // Reader streams an optrace/v1 trace one iteration at a time, so only the
 // iteration being read and the table of declared storages are in memory.
 // It refuses input beyond MaxLineBytes, MaxShapeDims, MaxOpTensors,
 // MaxBytes and the per-file limits (MaxFileBytes, MaxFileTensors,
 // MaxFileDims, MaxFileOps, MaxFileRefs, MaxFileIterations, MaxFileStrings,
-// MaxFileStringBytes); ReadFile and Read hold a whole file within them.
+// MaxFileStringBytes); ReadFile and Read hold a whole file within them. It
+// refuses values that make nonsense too: iteration indices that are
+// negative, repeat or go back (they must increase through the file; gaps
+// are allowed), and times and costs outside [0, MaxIterMS] ms (wall_ms,
+// uninstrumented_ms, uninstrumented_iter_ms), [0, MaxOpUS] µs (dur_us),
+// [0, MaxOpFLOPs] (flops) and [0, MaxOpIOBytes] (io_bytes).
 type Reader struct {
 	name    string
 	br      *bufio.Reader
@@ -122,6 +172,9 @@ type Reader struct {
 	strs    map[string]string
 	// What the file has held so far, against the MaxFile limits.
 	nDims, nOps, nRefs, nIters, strBytes int
+	// The index of the last iteration and the line it started on: indices
+	// must increase.
+	lastIter, lastIterLine int
 }
 
 // intern returns one shared copy of each distinct name: a trace repeats a
@@ -226,7 +279,7 @@ func Open(path string) (*Reader, error) {
 func NewReader(r io.Reader, name string) (*Reader, error) { return newReader(r, name, nil) }
 
 func newReader(r io.Reader, name string, c io.Closer) (*Reader, error) {
-	rd := &Reader{name: name, tensors: make(map[TensorID]*Tensor), strs: make(map[string]string)}
+	rd := &Reader{name: name, tensors: make(map[TensorID]*Tensor), strs: make(map[string]string), lastIter: -1}
 	if c != nil {
 		rd.closers = append(rd.closers, c)
 	}
@@ -452,6 +505,14 @@ func (r *Reader) Next() (*Iteration, error) {
 			if p := l.PeakBytes; p != nil && (*p < 0 || *p > MaxBytes) {
 				return nil, r.errf("peak_bytes", "%d outside [0, %d]", *p, int64(MaxBytes))
 			}
+			for _, f := range []struct {
+				field string
+				v     float64
+			}{{"wall_ms", l.WallMS}, {"uninstrumented_ms", l.UninstMS}} {
+				if err := checkRange(f.v, MaxIterMS, "ms", "a day"); err != nil {
+					return nil, &ParseError{File: r.name, Line: r.line, Field: f.field, Err: err}
+				}
+			}
 			it.SeqLen, it.WallMS, it.TimeMS = l.SeqLen, l.WallMS, l.UninstMS
 			if l.PeakBytes != nil {
 				it.PeakBytes = *l.PeakBytes
@@ -460,6 +521,11 @@ func (r *Reader) Next() (*Iteration, error) {
 		case "footer":
 			if it != nil {
 				return nil, r.errf("type", "footer inside iteration %d (missing iter_end)", it.Index)
+			}
+			for i, v := range l.IterMS {
+				if err := checkRange(v, MaxIterMS, "ms", "a day"); err != nil {
+					return nil, r.errf("uninstrumented_iter_ms", "element %d: %v", i, err)
+				}
 			}
 			r.footer = append([]float64(nil), l.IterMS...)
 			r.done = true
@@ -482,12 +548,23 @@ func (r *Reader) Next() (*Iteration, error) {
 }
 
 // newIteration starts iteration index, counting it against
-// MaxFileIterations.
+// MaxFileIterations. Indices must increase through the file (gaps are
+// allowed: a recorder may leave iterations out), so that each names one
+// iteration and the order of the file is the order of the run.
 func (r *Reader) newIteration(index int) (*Iteration, error) {
+	switch {
+	case index < 0:
+		return nil, r.errf("iter", "negative iteration index %d", index)
+	case index == r.lastIter:
+		return nil, r.errf("iter", "iteration %d again (it started at line %d): each iteration is recorded once", index, r.lastIterLine)
+	case index < r.lastIter:
+		return nil, r.errf("iter", "iteration %d after iteration %d (line %d): indices must increase", index, r.lastIter, r.lastIterLine)
+	}
 	if r.nIters >= MaxFileIterations {
 		return nil, r.errf("iter", "more than %d iterations in the file", MaxFileIterations)
 	}
 	r.nIters++
+	r.lastIter, r.lastIterLine = index, r.line
 	return &Iteration{Index: index, Tensors: make(map[TensorID]*Tensor)}, nil
 }
 
@@ -577,10 +654,16 @@ func (r *Reader) op(l *rawLine, it *Iteration, ids *[]TensorID) error {
 		In: in, Out: out, Mem: -1, FLOPs: l.FLOPs, IOBytes: l.IOBytes, Line: r.line,
 	}
 	if l.DurUS != nil {
-		if *l.DurUS < 0 {
-			return r.errf("dur_us", "negative duration %g", *l.DurUS)
+		if err := checkRange(*l.DurUS, MaxOpUS, "µs", "an hour"); err != nil {
+			return &ParseError{File: r.name, Line: r.line, Field: "dur_us", Err: err}
 		}
 		op.DurUS = *l.DurUS
+	}
+	if err := checkRange(l.FLOPs, MaxOpFLOPs, "", "the FLOPs an op may declare"); err != nil {
+		return &ParseError{File: r.name, Line: r.line, Field: "flops", Err: err}
+	}
+	if err := checkRange(l.IOBytes, MaxOpIOBytes, "bytes", "the bytes an op may declare"); err != nil {
+		return &ParseError{File: r.name, Line: r.line, Field: "io_bytes", Err: err}
 	}
 	if l.Mem != nil {
 		if *l.Mem < 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"runtime"
@@ -300,6 +301,23 @@ func FuzzRead(f *testing.F) {
 	_, _ = io.WriteString(zw, hdr+strings.Repeat(strings.Repeat(" ", 64)+"\n", 8)+`{"type":"footer"}`+"\n")
 	_ = zw.Close()
 	f.Add(zb.Bytes())
+	// Values that make nonsense, each refused: iteration indices that
+	// repeat, go back or are negative; times negative or over their caps;
+	// declared costs of 1e300.
+	t0 := `{"type":"tensor","id":0,"bytes":16,"kind":"act"}` + "\n"
+	opOf := func(iter int, extra string) string {
+		return fmt.Sprintf(`{"type":"op","iter":%d,"seq":0,"name":"a","phase":"fwd","out":[0]%s}`, iter, extra) + "\n"
+	}
+	endOf := func(iter int, extra string) string {
+		return fmt.Sprintf(`{"type":"iter_end","iter":%d,"ops":1%s}`, iter, extra) + "\n"
+	}
+	foot := `{"type":"footer"}` + "\n"
+	f.Add([]byte(hdr + t0 + opOf(0, "") + endOf(0, "") + opOf(0, "") + endOf(0, "") + foot))
+	f.Add([]byte(hdr + t0 + opOf(3, "") + endOf(3, "") + opOf(1, "") + endOf(1, "") + foot))
+	f.Add([]byte(hdr + t0 + opOf(-2, "") + endOf(-2, "") + foot))
+	f.Add([]byte(hdr + t0 + opOf(0, "") + endOf(0, `,"wall_ms":-7.3e306,"uninstrumented_ms":1e300`) + foot))
+	f.Add([]byte(hdr + t0 + opOf(0, `,"dur_us":1e308,"flops":-1e300,"io_bytes":1e300`) + endOf(0, "") + foot))
+	f.Add([]byte(hdr + t0 + opOf(0, `,"flops":1e300`) + endOf(0, "") + `{"type":"footer","uninstrumented_iter_ms":[-1,1e300]}` + "\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := trace.Read(bytes.NewReader(data), "fuzz")
 		if err != nil {
@@ -309,13 +327,24 @@ func FuzzRead(f *testing.F) {
 			}
 			return
 		}
+		last := -1
 		for _, it := range tr.Iterations {
 			if it.PeakBytes < 0 || it.PeakBytes > trace.MaxBytes {
 				t.Fatalf("peak %d", it.PeakBytes)
 			}
+			if it.Index <= last {
+				t.Fatalf("iteration %d after %d", it.Index, last)
+			}
+			last = it.Index
+			if !(it.WallMS >= 0 && it.WallMS <= trace.MaxIterMS && it.TimeMS >= 0 && it.TimeMS <= trace.MaxIterMS) {
+				t.Fatalf("iteration %d: wall %g ms, time %g ms", it.Index, it.WallMS, it.TimeMS)
+			}
 			for i, op := range it.Ops {
 				if op.Seq != i {
 					t.Fatalf("op %d has seq %d", i, op.Seq)
+				}
+				if !(op.DurUS >= 0 && op.DurUS <= trace.MaxOpUS && op.FLOPs >= 0 && op.FLOPs <= trace.MaxOpFLOPs && op.IOBytes >= 0 && op.IOBytes <= trace.MaxOpIOBytes) {
+					t.Fatalf("op %d: %g µs, %g FLOPs, %g bytes", i, op.DurUS, op.FLOPs, op.IOBytes)
 				}
 				if op.Line < 2 || op.Mem > trace.MaxBytes || len(op.In) > trace.MaxOpTensors || len(op.Out) > trace.MaxOpTensors {
 					t.Fatalf("op %d: line %d, mem %d, %d in, %d out", i, op.Line, op.Mem, len(op.In), len(op.Out))
@@ -335,7 +364,7 @@ func FuzzRead(f *testing.F) {
 }
 
 // FuzzReadKernels: the kernel-times reader returns an error or ops in seq
-// order with non-negative times, never panics.
+// order with times within their caps, never panics.
 func FuzzReadKernels(f *testing.F) {
 	f.Add([]byte(`{"format":"optrace-kernels/v1","iteration_ms":1,"ops":[{"seq":0,"name":"aten::mm","overload":"default","kernel_us":3.5}]}`))
 	f.Add([]byte(`{"format":"optrace-kernels/v1","ops":[{"seq":1}]}`))
@@ -353,6 +382,14 @@ func FuzzReadKernels(f *testing.F) {
 	f.Add(zb.Bytes())
 	f.Add([]byte(`{"format":"optrace-kernels/v1","note":"` + strings.Repeat("a", 64) + `","ops":[{"seq":0,"name":"` + strings.Repeat("b", 64) + `"}]}`))
 	f.Add([]byte(`{"FORMAT":"optrace-kernels/v1","x":{"a":[1,{"b":"]"}]},"Ops":null,"seq_len":8}`))
+	// Times negative or over their caps, and a gzip cut short.
+	f.Add([]byte(`{"format":"optrace-kernels/v1","iteration_ms":-7.3e306,"kernel_ms_total":1e300,"ops":[{"seq":0,"kernel_us":1}]}`))
+	f.Add([]byte(`{"format":"optrace-kernels/v1","iteration_ms":1,"ops":[{"seq":0,"kernel_us":1e308},{"seq":1,"kernel_us":-1}]}`))
+	zb.Reset()
+	zw = gzip.NewWriter(&zb)
+	_, _ = io.WriteString(zw, `{"format":"optrace-kernels/v1","iteration_ms":1,"ops":[{"seq":0,"kernel_us":1}]}`)
+	_ = zw.Close()
+	f.Add(zb.Bytes()[:zb.Len()-4])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k, err := trace.ReadKernels(bytes.NewReader(data), "fuzz")
 		if err != nil {
@@ -365,8 +402,11 @@ func FuzzReadKernels(f *testing.F) {
 		if len(k.Ops) > trace.MaxKernelOps {
 			t.Fatalf("%d ops", len(k.Ops))
 		}
+		if !(k.IterationMS >= 0 && k.IterationMS <= trace.MaxIterMS && k.KernelMSTotal >= 0 && k.KernelMSTotal <= trace.MaxIterMS) {
+			t.Fatalf("iteration %g ms, kernels %g ms", k.IterationMS, k.KernelMSTotal)
+		}
 		for i, op := range k.Ops {
-			if op.Seq != i || op.KernelUS < 0 {
+			if op.Seq != i || !(op.KernelUS >= 0 && op.KernelUS <= trace.MaxOpUS) {
 				t.Fatalf("op %d: seq %d, %g us", i, op.Seq, op.KernelUS)
 			}
 		}

@@ -36,6 +36,7 @@ type detectReport struct {
 func runDetect(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("detect", "--trace FILE [--kineto FILE] [--rounds R] [--json]", stderr)
 	tf := addTraceFlags(fs)
+	fs.Lookup("kernels").Usage = "refused: detect compares op sequences and reads no kernel times"
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md)")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order")
 	cfg := detectionFlags(fs)
@@ -44,6 +45,11 @@ func runDetect(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := tf.check(); err != nil {
 		return err
+	}
+	if *tf.kernels != "" {
+		// A flag read and then ignored would let a wrong or damaged file
+		// pass for a checked one.
+		return usagef("--kernels %s: detect compares op sequences and reads no kernel times; leave --kernels to plan, profile and replay", *tf.kernels)
 	}
 	if *rounds < 1 {
 		return usagef("--rounds %d: want at least 1", *rounds)

@@ -250,6 +250,34 @@ func parseLimit(s string, peak int64) (int64, error) {
 	return n, nil
 }
 
+// isShare reports whether a --limit is a share of the peak (80%).
+func isShare(limit string) bool { return strings.HasSuffix(strings.TrimSpace(limit), "%") }
+
+// allocatesNothing is the error for a trace with nothing to plan: no
+// iteration, or none of the storages its ops use holds a byte. nil when
+// one does. path names the trace.
+func allocatesNothing(tr *trace.Trace, path string) error {
+	if len(tr.Iterations) == 0 {
+		return fmt.Errorf("%s holds no iterations: there is nothing to plan", path)
+	}
+	seen := make(map[trace.TensorID]bool)
+	for _, it := range tr.Iterations {
+		for id, t := range it.Tensors {
+			if t.Bytes > 0 {
+				return nil
+			}
+			seen[id] = true
+		}
+	}
+	if len(seen) == 0 {
+		return fmt.Errorf("%s allocates no bytes (its ops use no tensors): there is nothing to plan", path)
+	}
+	if len(seen) == 1 {
+		return fmt.Errorf("%s allocates no bytes (the one tensor its ops use is of 0 bytes): there is nothing to plan", path)
+	}
+	return fmt.Errorf("%s allocates no bytes (the %d tensors its ops use are all of 0 bytes): there is nothing to plan", path, len(seen))
+}
+
 // sniffTrace says what a trace file that failed to read looks like, as a
 // hint: a Kineto profile given as --trace, an Execution Trace without its
 // --kineto. Empty when it looks like neither.

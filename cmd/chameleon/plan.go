@@ -245,6 +245,9 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := allocatesNothing(tr, *path); err != nil {
+		return err
+	}
 	if k := planIter(tr, cfg.iter); k >= 0 {
 		kest, base, err := tf.opTimes(tr, k)
 		if err != nil {
@@ -350,19 +353,28 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		return nil, err
 	}
 	peak := slices.Max(pre.Curve)
+	curve := cmp.Or(cfg.curve, "recorded")
+	if !it.HasMem() {
+		curve = "model"
+	}
+	if peak <= 0 && isShare(cfg.limit) {
+		return nil, fmt.Errorf("--limit %s: the peak of iteration %d of %s is 0 bytes (%s curve), so no share of it is a limit: give the limit in bytes (--limit 12GiB)",
+			strings.TrimSpace(cfg.limit), k, name, curve)
+	}
 	if in.Limit, err = parseLimit(cfg.limit, peak); err != nil {
 		return nil, err
+	}
+	if in.Limit <= 0 {
+		return nil, fmt.Errorf("--limit %s of the peak of %d bytes of iteration %d of %s is under one byte: give the limit in bytes (--limit 12GiB)",
+			strings.TrimSpace(cfg.limit), peak, k, name)
 	}
 	link := simulate.H200()
 	if cfg.bandwidth > 0 {
 		link = link.Scaled(cfg.bandwidth)
 	}
 	rep := &planReport{Trace: name, Iter: k, Ops: len(it.Ops), LimitBytes: in.Limit, PeakBytesBefore: peak,
-		Groups: len(pre.Groups), Curve: cmp.Or(cfg.curve, "recorded"), TimeBase: cmp.Or(cfg.timeBase, layer.BaseEstimated),
+		Groups: len(pre.Groups), Curve: curve, TimeBase: cmp.Or(cfg.timeBase, layer.BaseEstimated),
 		GroupsNote: groupsNote(it.Ops, pre.Groups, cmp.Or(cfg.groups, plan.DefaultGroups), lo.Ternary(cfg.grouper != nil, "boundaries", cmp.Or(cfg.grouping, "uniform")))}
-	if !it.HasMem() {
-		rep.Curve = "model"
-	}
 	rep.names = make([]string, len(it.Ops))
 	for t := range it.Ops {
 		rep.names[t] = it.Ops[t].Name

@@ -36,7 +36,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	recompute := fs.Bool("recompute", true, "let the Engine drop tensors of ops that can run again (mre.Recomputable) and recompute them, each recompute verified; --recompute=false swaps alone")
-	policyFile := fs.String("policy-file", "", "policy file: loaded at start if it exists, saved at the end")
+	policyFile := fs.String("policy-file", "", "policy file: loaded at start if it exists, saved at the end (its directory must exist and be writable)")
 	devName := fs.String("device", "host", "device: host (pure Go) or cuda (libcudart, found as device/cuda documents)")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand for the Engine's plans: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*)")
 	timing := fs.Bool("timing", false, "run each op as a kernel of its time on the Engine's compute stream and measure each iteration's step (docs/replay.md)")
@@ -59,6 +59,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *verify && !*timing {
 		return usagef("--verify samples the bytes a timed replay checks: it needs --timing (without it every use is checked)")
 	}
+	if err := checkPolicyFile(*policyFile); err != nil {
+		return err
+	}
 	scaleSet, roundsSet := false, false
 	fs.Visit(func(f *flag.Flag) {
 		scaleSet = scaleSet || f.Name == "scale"
@@ -70,6 +73,16 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	tr, err := tf.loadWarn(stderr)
 	if err != nil {
 		return err
+	}
+	if err := allocatesNothing(tr, *path); err != nil {
+		return err
+	}
+	recorded := replay.PeakBytes(tr)
+	if recorded <= 0 && isShare(*limitS) {
+		if op := replay.PeakOp(tr); op == nil || op.Mem < 0 {
+			return fmt.Errorf("--limit %s: %s records no allocated bytes (no op has mem), so it has no peak to take a share of: give the limit in bytes (--limit 12GiB)", strings.TrimSpace(*limitS), *path)
+		}
+		return fmt.Errorf("--limit %s: the peak recorded in %s is 0 bytes (every op's mem is 0), so no share of it is a limit: give the limit in bytes (--limit 12GiB)", strings.TrimSpace(*limitS), *path)
 	}
 	if r := roundsToPlan(len(tr.Iterations), *cfg); !roundsSet && r > *rounds {
 		*rounds = r
@@ -94,7 +107,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		extra = append(extra, chameleon.WithGrouper(g))
 	}
-	peak := replay.PeakBytes(tr) / *scale
+	peak := recorded / *scale
 	limit, err := parseLimit(*limitS, peak)
 	if err != nil {
 		return err
@@ -108,6 +121,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			at = fmt.Sprintf("%s:%d", at, op.Line)
 		}
 		limitFrom = fmt.Sprintf("--limit %s of the peak of %d bytes recorded at %s, scaled 1/%d", *limitS, op.Mem, at, *scale)
+	}
+	if limit <= 0 {
+		of := ""
+		if isShare(*limitS) {
+			of = fmt.Sprintf(" of the peak of %d bytes recorded in %s", recorded, *path)
+		}
+		return fmt.Errorf("--limit %s%s is 0 bytes at scale 1/%d: lower --scale (--scale 1 replays at full size)", strings.TrimSpace(*limitS), of, *scale)
 	}
 	var dev device.Device
 	var library string // the runtime library the device loaded (--device cuda)

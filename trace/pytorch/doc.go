@@ -136,4 +136,12 @@
 // (65,536) of MaxStringBytes (8 MiB) in all. The bundled Llama step has a
 // 2.9 MB Execution Trace of 2,829 nodes (the largest 14,360 bytes, lists of
 // at most 39 elements) and a 2.3 MB profile of 6,960 events.
+//
+// Values that parse but make nonsense are refused too: parent links
+// (ctrl_deps, or parent in schema 1.0.1) that form a cycle, the error
+// naming its nodes (a node that is its own parent is a root, as the
+// process node of every trace is); a Kineto event whose dur is negative or
+// over MaxEventUS (a day) or whose ts is more than MaxTimestampUS (2^53
+// µs) from zero; an op whose time is over trace.MaxOpUS (an hour); a
+// profiled step that spans more than trace.MaxIterMS (a day).
 package pytorch

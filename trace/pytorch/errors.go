@@ -10,6 +10,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/chameleon-go/chameleon/trace"
 	"github.com/chameleon-go/chameleon/trace/internal/jsonio"
 )
 
@@ -54,6 +55,18 @@ const (
 	// devices), each kept once however often it is repeated.
 	MaxStrings     = 1 << 16
 	MaxStringBytes = 8 << 20
+
+	// MaxEventUS bounds the dur of a Kineto event (a day, in µs:
+	// trace.MaxIterMS), and MaxTimestampUS its ts either side of zero
+	// (2^53 µs, 285 years: the microseconds a float64 counts exactly;
+	// Kineto's clock counts from the epoch or from the trace's start). A
+	// negative, absurd or non-finite time is refused, and so is an op whose
+	// time (the device time of what it launched, else its host time) is
+	// over trace.MaxOpUS (an hour) and a profiled step that spans more than
+	// trace.MaxIterMS (a day). The bundled step's longest event takes
+	// 81,911 µs; its timestamps are near 5.1e12 µs.
+	MaxEventUS     = trace.MaxIterMS * 1000
+	MaxTimestampUS = 1 << 53
 )
 
 // ParseError is bad input: it names the file, where in it (an Execution
@@ -192,6 +205,20 @@ func decodeList[T any](b []byte, dst *[]T) error {
 		return err
 	}
 	*dst = s
+	return nil
+}
+
+// checkTime says why x, a time in µs, is not a number in [0, hi], nil
+// when it is; what says what hi is ("a day").
+func checkTime(x, hi float64, what string) error {
+	switch {
+	case math.IsNaN(x) || math.IsInf(x, 0):
+		return fmt.Errorf("%g: not a finite number", x)
+	case x < 0:
+		return fmt.Errorf("negative: %g µs", x)
+	case x > hi:
+		return fmt.Errorf("%g µs, more than %s (%g µs)", x, what, hi)
+	}
 	return nil
 }
 

@@ -20,6 +20,7 @@ type etNode struct {
 	id        int64
 	parent    int64 // ctrl_deps (schema 1.0.2+) or parent (1.0.1); == id for a root
 	hasParent bool
+	parentKey string // the field parent came from: "ctrl_deps" or "parent"
 	name      string
 	rf        int64 // rf_id: the record-function id Kineto calls "Record function id"
 	hasRF     bool
@@ -200,9 +201,9 @@ func convertNode(rn *rawNode, file string, idx int, strs *interner) (*etNode, er
 	}
 	switch {
 	case rn.CtrlDeps != nil:
-		n.parent, n.hasParent = *rn.CtrlDeps, true
+		n.parent, n.hasParent, n.parentKey = *rn.CtrlDeps, true, "ctrl_deps"
 	case rn.Parent != nil:
-		n.parent, n.hasParent = *rn.Parent, true
+		n.parent, n.hasParent, n.parentKey = *rn.Parent, true, "parent"
 	}
 	// Attributes: named list first, flat node fields (schema 1.0.1) else.
 	set := func(field string, raw json.RawMessage) error {

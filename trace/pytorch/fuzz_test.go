@@ -53,6 +53,14 @@ func FuzzImport(f *testing.F) {
 		`"shapes":[[`+strings.Repeat("1,", 8)+`1]],"strides":[[`+strings.Repeat("1,", 8)+`1]]}}]}`), []byte(seedKineto))
 	f.Add([]byte(seedET), []byte(`{"deviceProperties":[{"name":"H200"}`+strings.Repeat(`,{}`, 16)+`],"traceEvents":[]}`))
 	f.Add(gz([]byte(`{"nodes":[`+strings.Repeat(" \n", 16)+`]}`)), gz([]byte(seedKineto+strings.Repeat("\n", 16))))
+	// Parent links in a cycle; Kineto times negative or absurd, an op over
+	// an hour, a step over a day.
+	f.Add([]byte(`{"nodes":[{"id":1,"name":"aten::mm","ctrl_deps":2,"attrs":[{"name":"rf_id","value":1}]},{"id":2,"name":"x","ctrl_deps":1}]}`), []byte(seedKineto))
+	f.Add([]byte(`{"schema":"1.0.1","nodes":[{"id":1,"name":"aten::mm","parent":3,"rf_id":1},{"id":2,"name":"x","parent":1},{"id":3,"name":"y","parent":2}]}`), []byte(seedKineto))
+	f.Add([]byte(seedET), []byte(strings.Replace(seedKineto, `"ts":2,"dur":1,`, `"ts":2,"dur":1e299,`, 1)))
+	f.Add([]byte(seedET), []byte(strings.Replace(seedKineto, `"ts":1,"dur":2,`, `"ts":1e299,"dur":-2,`, 1)))
+	f.Add([]byte(seedET), []byte(strings.Replace(seedKineto, `"ts":2,"dur":1,`, `"ts":2,"dur":4e9,`, 1)))
+	f.Add([]byte(seedET), []byte(strings.Replace(seedKineto, `"ts":2,"dur":1,`, `"ts":1e11,"dur":1,`, 1)))
 	f.Fuzz(func(t *testing.T, et, k []byte) {
 		res, err := Load(bytes.NewReader(et), "et", bytes.NewReader(k), "k")
 		if err != nil {
@@ -65,9 +73,12 @@ func FuzzImport(f *testing.F) {
 		if len(it.Ops) == 0 || len(res.Ops) != len(it.Ops) || res.MatchedOps == 0 {
 			t.Fatalf("accepted with %d ops, %d infos, %d matched", len(it.Ops), len(res.Ops), res.MatchedOps)
 		}
+		if !(it.TimeMS >= 0 && it.TimeMS <= trace.MaxIterMS && it.WallMS >= 0 && it.WallMS <= trace.MaxIterMS) {
+			t.Fatalf("accepted a step of %g ms (wall %g ms)", it.TimeMS, it.WallMS)
+		}
 		hasMem := it.Ops[0].Mem >= 0
 		for i, op := range it.Ops {
-			if (op.Mem >= 0) != hasMem || op.DurUS < 0 {
+			if (op.Mem >= 0) != hasMem || !(op.DurUS >= 0 && op.DurUS <= trace.MaxOpUS) {
 				t.Fatalf("op %d: mem %d dur %g", i, op.Mem, op.DurUS)
 			}
 			for _, id := range append(append([]int64(nil), ids(op.In)...), ids(op.Out)...) {

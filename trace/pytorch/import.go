@@ -199,17 +199,24 @@ func (b *builder) build() (*Result, error) {
 			op.Module = "#" + res.Ops[k].AutogradNode
 		}
 		oi := res.Ops[k]
+		what := "the kernels, copies and memsets it launched take"
 		if oi.Kernels > 0 {
 			op.DurUS = oi.KernelUS
 		} else {
-			op.DurUS = oi.CPUDurUS
+			op.DurUS, what = oi.CPUDurUS, "its cpu_op takes"
+		}
+		if err := checkTime(op.DurUS, trace.MaxOpUS, "an hour"); err != nil {
+			return nil, &ParseError{File: b.kName, Where: fmt.Sprintf("node %d (%s)", n.id, clip(n.name)), Field: "dur",
+				Err: fmt.Errorf("%s %w", what, err)}
 		}
 		it.Ops[k] = op
 	}
 	b.storages(it)
 	b.copies(it)
 	b.memory(it, res)
-	b.window(it, res)
+	if err := b.window(it, res); err != nil {
+		return nil, err
+	}
 	res.Trace = &trace.Trace{
 		Name:       b.etName,
 		Header:     trace.Header{Format: Format, Device: b.kd.deviceName},
@@ -244,7 +251,7 @@ func (b *builder) walk() error {
 				break
 			}
 			if state[p] == 1 {
-				return &ParseError{File: b.etName, Where: fmt.Sprintf("node %d", n.id), Field: "ctrl_deps", Err: fmt.Errorf("parent links form a cycle through node %d", nodes[p].id)}
+				return b.cycle(path, p)
 			}
 			i = p
 		}
@@ -275,6 +282,35 @@ func (b *builder) walk() error {
 		}
 	}
 	return nil
+}
+
+// maxCycleIDs is how many node ids a cycle's error names.
+const maxCycleIDs = 16
+
+// cycle is the error of a parent chain that comes back to node p: path
+// holds the chain, p among it, each node's parent after it. It names the
+// nodes of the cycle in link order from the one with the lowest id, the
+// first maxCycleIDs of them.
+func (b *builder) cycle(path []int, p int) error {
+	nodes := b.doc.nodes
+	ring := path[slices.Index(path, p):]
+	low := 0
+	for k, i := range ring {
+		if nodes[i].id < nodes[ring[low]].id {
+			low = k
+		}
+	}
+	var ids strings.Builder
+	for k := range min(len(ring), maxCycleIDs) {
+		fmt.Fprintf(&ids, "%d -> ", nodes[ring[(low+k)%len(ring)]].id)
+	}
+	if len(ring) > maxCycleIDs {
+		ids.WriteString("... -> ")
+	}
+	fmt.Fprintf(&ids, "%d", nodes[ring[low]].id)
+	first := nodes[ring[low]]
+	return &ParseError{File: b.etName, Where: fmt.Sprintf("node %d", first.id), Field: first.parentKey,
+		Err: fmt.Errorf("parent links form a cycle of %d nodes: %s; a node's parent chain must end at a root (a node that is its own parent, or whose parent is not in the trace)", len(ring), ids.String())}
 }
 
 // phases labels the top-level ops.
@@ -635,7 +671,10 @@ func deviceMem(all []memEvent) []memEvent {
 // only one measured, so it is an upper bound of the uninstrumented time.
 // PeakBytes is the highest "Total Allocated" of the device inside the window
 // (transient workspaces included), or the highest Mem.
-func (b *builder) window(it *trace.Iteration, res *Result) {
+//
+// A window longer than trace.MaxIterMS (a day) is an error: events of one
+// step that far apart are not a step.
+func (b *builder) window(it *trace.Iteration, res *Result) error {
 	start, end := 0.0, 0.0
 	have := false
 	for _, oi := range res.Ops {
@@ -652,7 +691,7 @@ func (b *builder) window(it *trace.Iteration, res *Result) {
 		have = true
 	}
 	if !have {
-		return
+		return nil
 	}
 	// Device work finishes after the host returns: extend to the last event
 	// launched by an op of the window.
@@ -671,6 +710,10 @@ func (b *builder) window(it *trace.Iteration, res *Result) {
 		if n > bestN {
 			bestN, start, end = n, s.ts, s.ts+s.dur
 		}
+	}
+	if span := (end - start) / 1000; span > trace.MaxIterMS {
+		return &ParseError{File: b.kName, Field: "ts", Err: fmt.Errorf(
+			"the profiled step spans %g ms (from %g to %g µs), more than a day (%d ms): its events are not of one step", span, start, end, trace.MaxIterMS)}
 	}
 	it.TimeMS = (end - start) / 1000
 	it.WallMS = it.TimeMS
@@ -696,6 +739,7 @@ func (b *builder) window(it *trace.Iteration, res *Result) {
 			it.PeakBytes = op.Mem
 		}
 	}
+	return nil
 }
 
 func (b *builder) gpuEnd() float64 {

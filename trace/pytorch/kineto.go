@@ -210,13 +210,16 @@ func (d *kinetoDoc) add(ev *rawEvent, file, where string) error {
 	if err != nil {
 		return bad("ts", err)
 	}
+	if ts < -MaxTimestampUS || ts > MaxTimestampUS {
+		return bad("ts", fmt.Errorf("%g µs, more than 2^53 µs (285 years) from zero", ts))
+	}
 	var dur float64
 	if kind != 1 {
 		if dur, err = parseFloat(ev.Dur); err != nil {
 			return bad("dur", err)
 		}
-		if dur < 0 {
-			return bad("dur", fmt.Errorf("negative duration %g", dur))
+		if err := checkTime(dur, MaxEventUS, "a day"); err != nil {
+			return bad("dur", err)
 		}
 	}
 	switch kind {
