@@ -434,6 +434,13 @@ func TestPolicyFileUpdate(t *testing.T) {
 
 // FuzzPolicyFile: a policy file is data from disk; loading one returns an
 // error and adds nothing, or adds policies that save and load again.
+//
+// Each input costs two Engines, so the fuzzer's minimization of a new
+// interesting input (up to -fuzzminimizetime, 60 s by default, not counted
+// in its execs) shows as long runs at 0 execs/s: run it with
+// -fuzzminimizetime 2s (about 2,000 execs/s sustained on 2 cores, against
+// stalls of 20 s and more with the default). The format alone is fuzzed,
+// faster, by internal/policyfile's FuzzDecode.
 func FuzzPolicyFile(f *testing.F) {
 	f.Add([]byte(`{"format":"chameleon-policies/v1","policies":[{"key":{"hash":1,"ops":4,"bytes":64},` +
 		`"swaps":[{"tensor":3,"bytes":16,"out_after_op":0,"freed_at_op":1,"in_issue_op":2,"in_before_op":3}],` +
