@@ -61,6 +61,13 @@ func (f *faulty) CopyD2H(dst device.HostBuf, src device.DevPtr, s device.Stream)
 	return f.Device.CopyD2H(dst, src, s)
 }
 
+func (f *faulty) NewEvent() (device.Event, error) {
+	if f.fail("NewEvent") {
+		return 0, errInjected
+	}
+	return f.Device.NewEvent()
+}
+
 func (f *faulty) Record(ev device.Event, s device.Stream) error {
 	if f.fail("Record") {
 		return errInjected
@@ -76,7 +83,8 @@ func (f *faulty) StreamWait(s device.Stream, ev device.Event) error {
 }
 
 // TestFaultsLeaveNothingBehind injects one fault into each step of a swap
-// out (forced by an allocation) and of a swap in (forced by a use): the
+// out (forced by an allocation), of a swap in (forced by a use) and of a
+// free (a release, whose memory is guarded by an event): the
 // call fails with a clear error, and the Engine stays usable: the step
 // succeeds when retried, every tensor comes back byte-identical, and once
 // every tensor is released no device or pinned memory is left held.
@@ -89,9 +97,10 @@ func TestFaultsLeaveNothingBehind(t *testing.T) {
 		{"CopyD2H", 1}, {"CopyH2D", 1},
 		{"Record", 1}, {"Record", 2}, {"Record", 3},
 		{"StreamWait", 1}, {"StreamWait", 2}, {"StreamWait", 3},
+		{"NewEvent", 1}, {"NewEvent", 2},
 	}
 	for _, fl := range faults {
-		for _, phase := range []string{"evict", "use"} {
+		for _, phase := range []string{"evict", "use", "release"} {
 			t.Run(fmt.Sprintf("%s#%d during %s", fl.method, fl.n, phase), func(t *testing.T) {
 				hd, err := host.New(64 << 10)
 				require.NoError(t, err)
@@ -116,11 +125,15 @@ func TestFaultsLeaveNothingBehind(t *testing.T) {
 					err := f()
 					fired := dev.fired
 					dev.arm("", 0)
+
 					if err != nil {
 						require.True(t, fired, "%s failed with no fault: %v", name, err)
 						require.ErrorIs(t, err, errInjected)
 						assert.Contains(t, err.Error(), "tensor", "the error names the tensor")
 						require.NoError(t, f(), "%s again after the fault", name)
+					}
+					if name == "release" && phase == "release" && fl.method == "Record" && fl.n == 1 {
+						require.True(t, fired, "the fault was armed where it cannot fire")
 					}
 				}
 				it := eng.Begin()
@@ -151,7 +164,7 @@ func TestFaultsLeaveNothingBehind(t *testing.T) {
 				st := eng.Stats()
 				assert.Positive(t, st.SwapsOut)
 				require.NoError(t, eng.Release(a))
-				require.NoError(t, eng.Release(b))
+				step("release", func() error { return eng.Release(b) }) // resident: its free records a guard event
 				require.NoError(t, hd.SyncStream(eng.ComputeStream()))
 				st = eng.Stats()
 				assert.Zero(t, st.DeviceBytes, "device memory left held")

@@ -310,7 +310,10 @@ func (e *Engine) free(t *Tensor) error {
 	case dropped:
 		return nil
 	default:
-		return e.pool.PutAfter(t.host, t.outDone, e.d2h)
+		if err := e.pool.PutAfter(t.host, t.outDone, e.d2h); err != nil {
+			return fmt.Errorf("chameleon: free tensor %d (%d bytes) off the device: %w", t.id, t.size, err)
+		}
+		return nil
 	}
 }
 
@@ -318,8 +321,14 @@ func (e *Engine) free(t *Tensor) error {
 // use it: the compute stream's kernels so far, or, for a tensor still
 // arriving (swappedIn: compute never waited on it), its copy back.
 func (e *Engine) freeDevice(t *Tensor) error {
+	var err error
 	if t.state == swappedIn {
-		return e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+		err = e.alloc.FreeAfter(t.ptr, t.ready, e.h2d)
+	} else {
+		err = e.alloc.FreeOn(t.ptr, e.compute)
 	}
-	return e.alloc.FreeOn(t.ptr, e.compute)
+	if err != nil {
+		return fmt.Errorf("chameleon: free tensor %d (%d bytes): %w", t.id, t.size, err)
+	}
+	return nil
 }
