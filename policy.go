@@ -25,7 +25,7 @@ type policy struct {
 	schedule
 	binding
 	// disturbed: planned on times measured in an iteration that forced
-	// evictions (lifecycle: refine).
+	// evictions (the controller's refine).
 	disturbed bool
 	// eng binds a loaded policy's persistent tensors, by ID, when the
 	// restarted job has made them (bindPersistent); binds counts the tries.
