@@ -121,16 +121,53 @@ func (e *Engine) victims(want int64, noHost []*Tensor) []*Tensor {
 		}
 	}
 	e.scratch, e.blocks = res, blocks
-	idx, ok, err := e.alloc.EvictionWindow(want, blocks, e.window[:0])
-	e.window = idx
-	if err != nil || !ok || len(idx) == 0 {
-		return nil
+	window := func() []int {
+		idx, ok, err := e.alloc.EvictionWindow(want, blocks, e.window[:0])
+		e.window = idx
+		if err != nil || !ok {
+			return nil
+		}
+		return idx
 	}
-	vs := make([]*Tensor, len(idx))
-	for i, k := range idx {
-		vs[i] = res[k]
+	var idx []int
+	if ev := e.cfg.evictor; ev != nil {
+		idx = ev.Victims(want, slices.Clone(blocks), window)
+	} else {
+		idx = window()
+	}
+	vs := make([]*Tensor, 0, len(idx))
+	for _, k := range idx {
+		// What an Evictor returns is checked: a tensor in range, movable,
+		// once.
+		if k >= 0 && k < len(res) && blocks[k].Movable && !slices.Contains(vs, res[k]) {
+			vs = append(vs, res[k])
+		}
 	}
 	return vs
+}
+
+// Evictor chooses what an allocation that does not fit swaps out
+// (WithEvictor): given the bytes wanted and the resident tensors as the
+// allocator sees them (address, whether they may move now, the cost of
+// moving them, when they were last used), it returns the indices of those
+// to evict; none when no eviction can make the request fit. window is the
+// default choice, the allocator's: the cheapest run of adjacent movable
+// blocks whose eviction frees one range (or, on mapped pages, the pages)
+// the request needs. Only the allocator sees its segments, free blocks and
+// rounding, so tensors chosen elsewhere may free bytes the request still
+// cannot use: the allocation is tried again after each round of
+// evictions, and the Evictor asked again. Indices out of range, of a
+// tensor that may not move, or repeated are ignored.
+type Evictor interface {
+	Victims(want int64, resident []device.Resident, window func() []int) []int
+}
+
+// EvictorFunc adapts a function to Evictor.
+type EvictorFunc func(want int64, resident []device.Resident, window func() []int) []int
+
+// Victims calls f.
+func (f EvictorFunc) Victims(want int64, resident []device.Resident, window func() []int) []int {
+	return f(want, resident, window)
 }
 
 // errNoPinned is a swap-out's failure to get a pinned buffer: nothing was

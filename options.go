@@ -32,6 +32,8 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	limit   int64
 	noPlace bool
+	// evictor is WithEvictor's (nil: the allocator's window).
+	evictor Evictor
 	// device is WithDevice's (Open).
 	device device.Device
 	// syncPlanning: End waits for the plans it starts (WithSyncPlanning).
@@ -406,6 +408,11 @@ func WithDevice(dev device.Device) Option { return optionFunc(func(c *config) { 
 // tests (export_test.go) so that each runs the same whatever the machine's
 // speed; the tests of planning off the step turn it off again.
 var syncByDefault = false
+
+// WithEvictor replaces the choice of the tensors an allocation that does
+// not fit swaps out (default: the allocator's cheapest window, Evictor's
+// window): a forced-eviction heuristic of the host's own.
+func WithEvictor(ev Evictor) Option { return optionFunc(func(c *config) { c.evictor = ev }) }
 
 // WithSyncPlanning makes End wait for the plan it starts, and for rank 0's
 // broadcast, so that each policy applies from the iteration right after
