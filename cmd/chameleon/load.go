@@ -201,6 +201,40 @@ func parseArgs(fs *flag.FlagSet, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q: every input is a flag (see chameleon %s -h)", fs.Arg(0), fs.Name())
 	}
+	return onceEach(fs, args)
+}
+
+// onceEach refuses a flag given twice: every flag holds one value, and
+// the flag package would keep the last one silently (a second --plot
+// would replace the first, a --recompute=false undone by a later
+// --recompute). args parsed into fs without error.
+func onceEach(fs *flag.FlagSet, args []string) error {
+	seen := map[string]string{}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || len(a) < 2 || a[0] != '-' {
+			return nil
+		}
+		name := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		name, _, hasValue := strings.Cut(name, "=")
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		given := a
+		if !hasValue {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+				if i+1 < len(args) {
+					i++
+					given = a + " " + args[i]
+				}
+			}
+		}
+		if first, ok := seen[name]; ok {
+			return usagef("--%s given twice (%s, then %s): it holds one value; give it once", name, first, given)
+		}
+		seen[name] = given
+	}
 	return nil
 }
 

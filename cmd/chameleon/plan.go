@@ -55,6 +55,7 @@ type planConfig struct {
 	page      int64        // the layout's page (--page); 0: CUDA's for the limit
 	grouper   plan.Grouper // --boundaries; nil: grouping and groups
 	timeBase  string       // where the op times come from (layer.Base*)
+	plotTime  bool         // --plot-x time
 }
 
 // planOptions are cfg's settings of the planning path; what a field leaves
@@ -175,6 +176,11 @@ type planReport struct {
 	UtilD2H                 float64         `json:"link_util_d2h"`
 	UtilH2D                 float64         `json:"link_util_h2d"`
 	Swaps                   []simulate.Swap `json:"swaps"`
+	// LargestSwaps are the 10 largest swaps, largest first, with the op
+	// that makes each tensor; PeakBreakdown the peak before and after the
+	// plan by tensor kind. Both absent when no plan was made.
+	LargestSwaps  []largeSwap     `json:"largest_swaps,omitempty"`
+	PeakBreakdown *peakBreakdowns `json:"peak_breakdown,omitempty"`
 	// Recomputes (with --recompute) name ops by their trace seq numbers;
 	// overhead_pct includes their time.
 	Recomputes      []simulate.Recompute `json:"recomputes"`
@@ -187,6 +193,11 @@ type planReport struct {
 	policy *mre.Policy
 	sim    *simulate.Result // the policy as the executor issues it
 	names  []string
+	before []int64 // the curve the plan keeps under the limit
+	// plotTime (--plot-x time) draws --plot over opMS, each op's start
+	// without the plan in ms, and the iteration's end.
+	plotTime bool
+	opMS     []float64
 
 	// When the limit cannot be met: what was planned (in.Limit the
 	// limit), the curve kept under it, the planner's shortfall, the op
@@ -230,12 +241,13 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 100, the limit alone, lowered by the layout as needed); an escape hatch")
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); a limit no plan meets prints feasible:false with the error, the shortfall and the lowest feasible limit, and exits 1")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png); for a limit no plan meets, the curve, the limit and the lowest feasible limit")
-	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto)")
+	plotX := fs.String("plot-x", "op", "--plot's x axis: op (op index) or time (ms, each op at its start by the op times without the plan)")
+	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto), with a memory counter track before and after the plan")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
 	cfg, err := planFlags{trace: tf, iter: *iter, limit: *limit, bandwidth: *bw, estimator: *est, groups: *groups, grouping: *grouping,
-		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath,
+		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath, plotX: *plotX,
 		boundaries: *bounds, noLayout: !*layout, page: *page}.check()
 	if err != nil {
 		return err
@@ -281,7 +293,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--perfetto: %w", err)
 		}
-		werr := rep.sim.WriteChromeTrace(f, rep.names, rep.policy.Swaps, rep.policy.Recomputes...)
+		werr := writePerfetto(f, rep)
 		if cerr := f.Close(); werr == nil {
 			werr = cerr
 		}
@@ -411,6 +423,11 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		base += d
 	}
 	rep.IterationMSBase = base / 1000
+	rep.plotTime = cfg.plotTime
+	rep.opMS = make([]float64, len(res.OpTimes)+1)
+	for t, d := range res.OpTimes {
+		rep.opMS[t+1] = rep.opMS[t] + d/1000
+	}
 	kept := mre.KeptIdle(res.Model)
 	rep.OverheadPctBound = mre.LowerBoundKept(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
 	rep.StreamingBoundMS = mre.StreamingBound(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept) / 1000
@@ -468,6 +485,10 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 		rep.Recomputes[x] = rc
 	}
 	rep.RecomputeMS = pol.Sim.RecomputeUS / 1000
+	rep.LargestSwaps = largestSwaps(res.Model, pol, seqOf)
+	bd := peakBreakdownsOf(res.Model, res.Curve, pol)
+	rep.PeakBreakdown = &bd
+	rep.before = res.Curve
 	return rep, nil
 }
 
@@ -507,6 +528,7 @@ func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
 	sa := r.Baselines.SwapAll
 	fmt.Fprintf(w, "swap-all (save_on_cpu): peak %s, %.2f ms, overhead %.1f%%\n", fmtBytes(sa.PeakBytes), sa.IterationMS, sa.OverheadPct)
+	printSwapsAndBreakdown(w, r)
 }
 
 func fmtBytes(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }

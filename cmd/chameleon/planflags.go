@@ -17,6 +17,7 @@ type planFlags struct {
 	iter, groups, prefetch                int
 	limit, bandwidth, estimator, grouping string
 	curve, minBytes, tiers, plot, page    string
+	plotX                                 string
 	boundaries                            string
 	margin                                float64
 	recompute, noLayout                   bool
@@ -67,9 +68,17 @@ func (f planFlags) check() (planConfig, error) {
 			return planConfig{}, usagef("--plot %v", err)
 		}
 	}
+	switch f.plotX {
+	case "", "op", "time":
+	default:
+		return planConfig{}, usagef("--plot-x %q: want op or time", f.plotX)
+	}
+	if f.plotX == "time" && f.plot == "" {
+		return planConfig{}, usagef("--plot-x time sets --plot's axis: it needs --plot")
+	}
 	cfg := planConfig{iter: f.iter, limit: f.limit, bandwidth: rate, estimator: e, groups: f.groups, grouping: f.grouping,
 		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute, noLayout: f.noLayout, page: page,
-		timeBase: lo.Ternary(f.estimator == "recorded", layer.BaseRecorded, layer.BaseEstimated)}
+		timeBase: lo.Ternary(f.estimator == "recorded", layer.BaseRecorded, layer.BaseEstimated), plotTime: f.plotX == "time"}
 	if f.boundaries != "" {
 		if cfg.grouper, err = plan.ParseBoundaries(f.boundaries); err != nil {
 			return planConfig{}, usagef("--boundaries: %v", err)

@@ -53,14 +53,14 @@ func plotPlan(path string, r *planReport) error {
 		filepath.Base(r.Trace), r.Iter, fmtBytes(r.LimitBytes), fmtBytes(r.PlannedBytes), r.OverheadPct, r.OverheadPctBoundPlanned, len(pol.Swaps), len(pol.Recomputes))
 	mem.Title.Padding = vg.Points(6)
 	mem.Y.Label.Text = "device memory, GiB"
-	mem.X.Label.Text = "op"
+	mem.X.Label.Text = r.xLabel()
 	mem.Add(plotter.NewGrid())
 	before := make(plotter.XYs, n)
 	after := make(plotter.XYs, n)
 	var top float64
 	for t := range n {
-		before[t] = plotter.XY{X: float64(t), Y: gib(pol.Curve[t])}
-		after[t] = plotter.XY{X: float64(t), Y: gib(pol.Sim.Ops[t].Mem)}
+		before[t] = plotter.XY{X: r.xAt(t), Y: gib(pol.Curve[t])}
+		after[t] = plotter.XY{X: r.xAt(t), Y: gib(pol.Sim.Ops[t].Mem)}
 		top = max(top, before[t].Y, after[t].Y)
 	}
 	lb, err := plotter.NewLine(before)
@@ -74,7 +74,7 @@ func plotPlan(path string, r *planReport) error {
 	}
 	la.Color, la.Width = plotColor(20, 90, 200), vg.Points(1.2)
 	limit := gib(r.LimitBytes)
-	lim, err := plotter.NewLine(plotter.XYs{{X: 0, Y: limit}, {X: float64(n - 1), Y: limit}})
+	lim, err := plotter.NewLine(plotter.XYs{{X: 0, Y: limit}, {X: r.xEnd(n), Y: limit}})
 	if err != nil {
 		return err
 	}
@@ -93,7 +93,7 @@ func plotPlan(path string, r *planReport) error {
 	}
 	label.Offset = vg.Point{X: vg.Points(4), Y: vg.Points(2)}
 	mem.Add(lb, la, lim, label)
-	mem.X.Min, mem.X.Max = 0, float64(n-1)
+	mem.X.Min, mem.X.Max = 0, r.xEnd(n)
 	mem.Y.Min, mem.Y.Max = 0, max(top, limit)*1.08
 
 	// One row per swap and per recompute, in the order their memory
@@ -101,9 +101,9 @@ func plotPlan(path string, r *planReport) error {
 	// of the next) has two pieces on its row. Swaps are green, recomputes
 	// (dropped after one op, made again before another) orange.
 	lanes := plot.New()
-	lanes.X.Label.Text = "op"
+	lanes.X.Label.Text = r.xLabel()
 	lanes.Y.Label.Text = "swap or recompute (by the op it frees at)"
-	lanes.X.Min, lanes.X.Max = 0, float64(n-1)
+	lanes.X.Min, lanes.X.Max = 0, r.xEnd(n)
 	type span struct {
 		free, in  int
 		recompute bool
@@ -126,10 +126,10 @@ func plotPlan(path string, r *planReport) error {
 	spanColor, rcColor := plotColor(30, 160, 80), plotColor(230, 140, 20)
 	var thumb, rcThumb *plotter.Line
 	for row, sp := range spans {
-		free, in, y := float64(sp.free), float64(sp.in), float64(row)
+		free, in, y := r.xStart(sp.free), r.xStart(sp.in), float64(row)
 		pieces := []plotter.XYs{{{X: free, Y: y}, {X: in, Y: y}}}
 		if sp.in < sp.free {
-			pieces = []plotter.XYs{{{X: 0, Y: y}, {X: in, Y: y}}, {{X: free, Y: y}, {X: float64(n - 1), Y: y}}}
+			pieces = []plotter.XYs{{{X: 0, Y: y}, {X: in, Y: y}}, {{X: free, Y: y}, {X: r.xEnd(n), Y: y}}}
 		}
 		for _, xy := range pieces {
 			seg, err := plotter.NewLine(xy)
@@ -197,12 +197,12 @@ func plotInfeasible(path string, r *planReport) error {
 	}
 	p.Title.Padding = vg.Points(6)
 	p.Y.Label.Text = "device memory, GiB"
-	p.X.Label.Text = "op"
+	p.X.Label.Text = r.xLabel()
 	p.Add(plotter.NewGrid())
 	xy := make(plotter.XYs, n)
 	var top float64
 	for t := range n {
-		xy[t] = plotter.XY{X: float64(t), Y: gib(r.curve[t])}
+		xy[t] = plotter.XY{X: r.xAt(t), Y: gib(r.curve[t])}
 		top = max(top, xy[t].Y)
 	}
 	lc, err := plotter.NewLine(xy)
@@ -216,7 +216,7 @@ func plotInfeasible(path string, r *planReport) error {
 	leg.Add(r.Curve+" curve", lc)
 	hline := func(b int64, label string, c color.Color) error {
 		y := gib(b)
-		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: y}, {X: float64(max(n-1, 1)), Y: y}})
+		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: y}, {X: r.xEnd(n), Y: y}})
 		if err != nil {
 			return err
 		}
@@ -245,7 +245,7 @@ func plotInfeasible(path string, r *planReport) error {
 		}
 	}
 	if at := r.shortAt; at >= 0 && at < n {
-		mark, err := plotter.NewLine(plotter.XYs{{X: float64(at), Y: 0}, {X: float64(at), Y: gib(r.curve[at])}})
+		mark, err := plotter.NewLine(plotter.XYs{{X: r.xAt(at), Y: 0}, {X: r.xAt(at), Y: gib(r.curve[at])}})
 		if err != nil {
 			return err
 		}
@@ -253,7 +253,7 @@ func plotInfeasible(path string, r *planReport) error {
 		p.Add(mark)
 		leg.Add(fmt.Sprintf("op %d: %s over\nwith every idle\ntensor moved", r.Shortfall.Op, fmtBytes(r.Shortfall.Bytes)), mark)
 	}
-	p.X.Min, p.X.Max = 0, float64(max(n-1, 1))
+	p.X.Min, p.X.Max = 0, r.xEnd(n)
 	p.Y.Min, p.Y.Max = 0, top*1.08
 
 	c, err := draw.NewFormattedCanvas(plotWidth, plotHeight/2+vg.Inch, format)
@@ -296,6 +296,42 @@ func (laneTicks) Ticks(lo, hi float64) []plot.Tick {
 		ts = append(ts, plot.Tick{Value: float64(i), Label: fmt.Sprint(i + 1)})
 	}
 	return ts
+}
+
+// The plot's x axis (--plot-x): op index, or with plotTime the estimated
+// time without the plan, in ms (opMS: each op's start, and the end).
+
+func (r *planReport) timeAxis() bool { return r.plotTime && len(r.opMS) > 1 }
+
+func (r *planReport) xLabel() string {
+	if r.timeAxis() {
+		return fmt.Sprintf("time, ms (op times: %s, without the plan)", r.TimeBase)
+	}
+	return "op"
+}
+
+// xAt is where the bytes after op t go: op t, or its end.
+func (r *planReport) xAt(t int) float64 {
+	if r.timeAxis() {
+		return r.opMS[min(t+1, len(r.opMS)-1)]
+	}
+	return float64(t)
+}
+
+// xStart is where op t starts: op t, or its start time.
+func (r *planReport) xStart(t int) float64 {
+	if r.timeAxis() {
+		return r.opMS[min(max(t, 0), len(r.opMS)-1)]
+	}
+	return float64(t)
+}
+
+// xEnd is the axis's end for n ops.
+func (r *planReport) xEnd(n int) float64 {
+	if r.timeAxis() {
+		return r.opMS[len(r.opMS)-1]
+	}
+	return float64(max(n-1, 1))
 }
 
 func plotColor(r, g, b uint8) color.Color { return color.RGBA{R: r, G: g, B: b, A: 255} }

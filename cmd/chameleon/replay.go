@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -31,7 +30,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	tf := addTraceFlags(fs)
 	path := tf.path
 	limitS := fs.String("limit", "80%", "device memory limit: a share of the trace's largest peak in (0%, 100%], or bytes with a unit (12GiB), scaled")
-	scale := fs.Int64("scale", 1024, "divide every tensor size by this (default 1 with --timing)")
+	scale := fs.Int64("scale", 0, "divide every tensor size by `N` (default 1024; 1 with --timing: full size)")
 	rounds := fs.Int("rounds", 1, "replay the trace's iterations this many times in order; not given, a trace of fewer iterations than a policy needs (--m + --n + 1) is replayed enough times to plan one and run a whole round under it, and stderr says so")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
@@ -50,6 +49,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
+	// The scale's default depends on --timing: 1024, or 1 (full size: the
+	// step the GPU takes); the flag's zero value says it was not given.
+	if !isSet(fs, "scale") {
+		*scale = 1024
+		if *timing {
+			*scale = 1
+		}
+	}
 	if err := checkReplayFlags(tf, *limitS, *scale, *rounds, *devName, *cfg); err != nil {
 		return err
 	}
@@ -62,14 +69,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err := checkPolicyFile(*policyFile); err != nil {
 		return err
 	}
-	scaleSet, roundsSet := false, false
-	fs.Visit(func(f *flag.Flag) {
-		scaleSet = scaleSet || f.Name == "scale"
-		roundsSet = roundsSet || f.Name == "rounds"
-	})
-	if *timing && !scaleSet {
-		*scale = 1 // full size: the step the GPU takes
-	}
+	roundsSet := isSet(fs, "rounds")
 	tr, err := tf.loadWarn(stderr)
 	if err != nil {
 		return err

@@ -170,6 +170,19 @@ func load(paths []string) (*api, error) {
 	return a, nil
 }
 
+// notFoundHint adds to a not-found error from load the environment
+// variable that points at libcudart (EnvLibrary): how to set it when it is
+// not set, that its path did not load when it is.
+func notFoundHint(err error, env string) error {
+	if !errors.Is(err, device.ErrLibraryNotFound) {
+		return err
+	}
+	if env == "" {
+		return fmt.Errorf("%w; set %s to the path of libcudart (%s=/usr/local/cuda/lib64/libcudart.so.12)", err, EnvLibrary, EnvLibrary)
+	}
+	return fmt.Errorf("%w; %s=%s did not load either: point it at libcudart", err, EnvLibrary, env)
+}
+
 // Device is one GPU. Create it with New.
 type Device struct {
 	native.Copies
@@ -201,9 +214,10 @@ func New(opts ...Option) (*Device, error) {
 			o.apply(&cfg)
 		}
 	}
-	a, err := load(candidates(cfg.library, os.Getenv(EnvLibrary)))
+	env := os.Getenv(EnvLibrary)
+	a, err := load(candidates(cfg.library, env))
 	if err != nil {
-		return nil, err
+		return nil, notFoundHint(err, env)
 	}
 	var n int32
 	if rc := a.cudaGetDeviceCount(&n); rc != 0 {

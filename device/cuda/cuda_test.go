@@ -222,6 +222,18 @@ func TestLookupOrder(t *testing.T) {
 			assert.Contains(t, err.Error(), p)
 		}
 		assert.Less(t, strings.Index(err.Error(), "libcudart-opt.so"), strings.Index(err.Error(), "libcudart-env.so"))
+		assert.Contains(t, err.Error(), "CHAMELEON_CUDART=/nonexistent/libcudart-env.so did not load either", "says which variable points at the library")
+	})
+
+	t.Run("not found says which variable to set", func(t *testing.T) {
+		t.Setenv(EnvLibrary, "")
+		d, err := New(WithLibrary("/nonexistent/libcudart-opt.so"))
+		if err == nil {
+			d.Close()
+			t.Skipf("a CUDA runtime is installed (%s); cannot observe the not-found error", d.Library())
+		}
+		assert.ErrorIs(t, err, device.ErrLibraryNotFound)
+		assert.Contains(t, err.Error(), "set CHAMELEON_CUDART to the path of libcudart")
 	})
 }
 

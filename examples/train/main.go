@@ -506,8 +506,8 @@ func printSummary(out io.Writer, o *options, base, rep *Report, limit, peak int6
 	if math.IsNaN(ms) {
 		ms, what = medianMS(steady, nil), "steps after the first"
 	}
-	fmt.Fprintf(out, "  step time: %.2f ms without the limit, %.2f ms with it (median of %s): %+.1f%%\n",
-		baseMS, ms, what, 100*(ms/baseMS-1))
+	fmt.Fprintf(out, "  step time: %.2f ms without the limit, %.2f ms with it (median of %s): %+.1f%%%s\n",
+		baseMS, ms, what, 100*(ms/baseMS-1), fasterNote(base.Steps[min(1, len(base.Steps)-1):], baseMS, ms))
 	var out_, in_ int64
 	var n int
 	for _, s := range steady {
@@ -585,6 +585,30 @@ func okStr(ok bool, yes, no string) string {
 		return yes
 	}
 	return no
+}
+
+// fasterNote qualifies a limited step time ms under the baseline's
+// baseMS, the median of the baseline's timed steps: a limit adds copies
+// and recomputes to the same work, so a faster limited step is the
+// baseline's noise (a few steps, --baseline-steps) or its warm-up, not a
+// speed-up. Empty when ms is not under baseMS.
+func fasterNote(timed []Step, baseMS, ms float64) string {
+	if !(ms < baseMS) || len(timed) == 0 {
+		return ""
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, s := range timed {
+		t := float64(s.Time.Microseconds()) / 1000
+		lo, hi = min(lo, t), max(hi, t)
+	}
+	steps := fmt.Sprintf("%d timed step", len(timed))
+	if len(timed) > 1 {
+		steps += "s"
+	}
+	if ms >= lo {
+		return fmt.Sprintf(" (within the spread of the baseline's %s, %.2f to %.2f ms: noise, not a speed-up; --baseline-steps for a steadier baseline)", steps, lo, hi)
+	}
+	return fmt.Sprintf(" (faster than each of the baseline's %s, %.2f to %.2f ms: the short baseline's noise or warm-up, not a speed-up; --baseline-steps for a steadier baseline)", steps, lo, hi)
 }
 
 // medianMS is the median step time of the steps keep accepts (nil: all),

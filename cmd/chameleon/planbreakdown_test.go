@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// plan lists its largest swaps and the peak by tensor kind before and
+// after the plan, in the text and in --json, and --perfetto carries a
+// memory counter track.
+func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runMain([]string{"plan", "--trace", bundled, "--limit", "80%"}, &out, &errb), errb.String())
+	text := out.String()
+	assert.Regexp(t, `largest swaps \(10 of \d+, by bytes\):`, text)
+	assert.Contains(t, text, "model.embed_tokens", "a swap named by its module")
+	assert.Regexp(t, `peak before: \d+\.\d\d GiB at op \d+: params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, inputs [\d.]+ GiB, other`, text)
+	assert.Contains(t, text, "peak after:  ")
+
+	dir := t.TempDir()
+	pf := filepath.Join(dir, "tl.json")
+	out.Reset()
+	require.Equal(t, 0, runMain([]string{"plan", "--trace", bundled, "--limit", "80%", "--json", "--perfetto", pf}, &out, &errb), errb.String())
+	var rep struct {
+		PeakBefore    int64       `json:"peak_bytes_before"`
+		PeakAfter     int64       `json:"peak_bytes_after"`
+		Swaps         []any       `json:"swaps"`
+		LargestSwaps  []largeSwap `json:"largest_swaps"`
+		PeakBreakdown struct {
+			Before, After peakBreakdown
+		} `json:"peak_breakdown"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	require.Len(t, rep.LargestSwaps, min(10, len(rep.Swaps)))
+	for i, s := range rep.LargestSwaps {
+		assert.Positive(t, s.Bytes)
+		assert.NotEmpty(t, s.Kind)
+		assert.NotEmpty(t, s.OpName, "%+v", s)
+		assert.True(t, s.ProducerOp >= 0 || s.FirstUseOp >= 0, "%+v", s)
+		if i > 0 {
+			assert.LessOrEqual(t, s.Bytes, rep.LargestSwaps[i-1].Bytes, "largest first")
+		}
+	}
+	for name, b := range map[string]peakBreakdown{"before": rep.PeakBreakdown.Before, "after": rep.PeakBreakdown.After} {
+		assert.Equal(t, b.Bytes, b.Params+b.OptState+b.Activations+b.Inputs+b.Other, name)
+		assert.Positive(t, b.Params, name)
+		assert.Positive(t, b.Activations, name)
+	}
+	assert.Equal(t, rep.PeakBefore, rep.PeakBreakdown.Before.Bytes)
+	assert.Equal(t, rep.PeakAfter, rep.PeakBreakdown.After.Bytes)
+	assert.Less(t, rep.PeakBreakdown.After.Activations+rep.PeakBreakdown.After.Params,
+		rep.PeakBreakdown.Before.Activations+rep.PeakBreakdown.Before.Params, "the plan moved some off")
+
+	data, err := os.ReadFile(pf)
+	require.NoError(t, err)
+	var tl struct {
+		TraceEvents []struct {
+			Name string         `json:"name"`
+			Ph   string         `json:"ph"`
+			TS   float64        `json:"ts"`
+			Args map[string]any `json:"args"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(data, &tl))
+	var counters int
+	last := -1.0
+	for _, e := range tl.TraceEvents {
+		if e.Ph != "C" {
+			continue
+		}
+		counters++
+		assert.True(t, strings.HasPrefix(e.Name, "device memory"), e.Name)
+		assert.Contains(t, e.Args, "before")
+		assert.Contains(t, e.Args, "after")
+		assert.GreaterOrEqual(t, e.TS, last, "in time order")
+		last = e.TS
+	}
+	assert.Greater(t, counters, 100, "a counter sample per op")
+}
+
+// --plot-x time draws the plot over the estimated op times, for a plan
+// and for a limit no plan meets; a bad axis, or one without --plot, is
+// refused before the trace is read.
+func TestPlotTimeAxis(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		limit string
+		code  int
+	}{{"80%", 0}, {"50%", 1}} {
+		svg := filepath.Join(dir, "mem"+strings.TrimSuffix(c.limit, "%")+".svg")
+		var out, errb bytes.Buffer
+		require.Equal(t, c.code, runMain([]string{"plan", "--trace", bundled, "--limit", c.limit, "--plot", svg, "--plot-x", "time"}, &out, &errb), errb.String())
+		data, err := os.ReadFile(svg)
+		require.NoError(t, err)
+		assert.Contains(t, string(data), "time, ms (op times: estimated, without the plan)", c.limit)
+		assert.NotContains(t, string(data), ">op<", c.limit)
+	}
+	for _, args := range [][]string{
+		{"--plot-x", "ms", "--plot", filepath.Join(dir, "x.svg")},
+		{"--plot-x", "time"},
+	} {
+		var out, errb bytes.Buffer
+		assert.Equal(t, 2, runMain(append([]string{"plan", "--trace", bundled, "--limit", "80%"}, args...), &out, &errb), "%v", args)
+		assert.Contains(t, errb.String(), "--plot-x", "%v", args)
+		assert.NotContains(t, errb.String(), "reading ", "%v", args)
+	}
+}
