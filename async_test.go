@@ -1,6 +1,7 @@
 package chameleon_test
 
 import (
+	"bytes"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -179,4 +180,24 @@ func BenchmarkEnd(b *testing.B) {
 			b.ReportMetric(float64(took.Nanoseconds())/float64(steps)/1e3, "us/End")
 		})
 	}
+}
+
+// TestSaveWaitsForPlanInFlight: saving the policies between iterations
+// waits for the plan in flight, so that the file holds it.
+func TestSaveWaitsForPlanInFlight(t *testing.T) {
+	g := newGatedPlanner()
+	n := newClockNet(t, 8, 1<<20, 5<<20, 4e9, chameleon.WithSyncPlanning(false), chameleon.WithPlanner(g))
+	g.armed.Store(true)
+	for i := 0; i < 20 && !g.inFlight(); i++ {
+		n.step(t)
+	}
+	require.Zero(t, n.eng.CachedPolicies(), "the plan is held")
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		close(g.gate)
+	}()
+	var b bytes.Buffer
+	require.NoError(t, n.eng.SavePolicies(&b))
+	assert.Equal(t, 1, n.eng.CachedPolicies())
+	assert.Contains(t, b.String(), `"swaps":[{`, "the saved file holds the plan")
 }

@@ -88,10 +88,13 @@ func (e *Engine) startPlan(ctx context.Context, req controller.Request, snap *pl
 // land takes the work the worker finished, at an iteration boundary (the
 // end of an iteration): a plan that came back, rank 0's policy, a
 // broadcast done. With WithSyncPlanning it waits for that work first.
-func (e *Engine) land(ctx context.Context, r *Result) {
+func (e *Engine) land(ctx context.Context, r *Result) { e.landWith(ctx, r, e.cfg.syncPlanning) }
+
+// landWith is land, waiting for the work under way when wait is set.
+func (e *Engine) landWith(ctx context.Context, r *Result, wait bool) {
 	for e.job != nil {
 		j := e.job
-		if !e.ready(j.done) {
+		if !ready(j.done, wait) {
 			break
 		}
 		e.job = nil
@@ -102,7 +105,7 @@ func (e *Engine) land(ctx context.Context, r *Result) {
 		}
 	}
 	e.sends = slices.DeleteFunc(e.sends, func(s *sendJob) bool {
-		if !e.ready(s.done) {
+		if !ready(s.done, wait) {
 			return false
 		}
 		e.sent(s)
@@ -110,10 +113,9 @@ func (e *Engine) land(ctx context.Context, r *Result) {
 	})
 }
 
-// ready reports whether done is closed, waiting for it under
-// WithSyncPlanning.
-func (e *Engine) ready(done chan struct{}) bool {
-	if e.cfg.syncPlanning {
+// ready reports whether done is closed, waiting for it when wait is set.
+func ready(done chan struct{}, wait bool) bool {
+	if wait {
 		<-done
 		return true
 	}

@@ -2,6 +2,7 @@ package chameleon
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -69,7 +70,9 @@ func (c *policyCache) len() int {
 // parameters and optimizer state too, its recomputes, what it assumed
 // (limit, link, device) and the profiled iteration it was planned from,
 // so a restarted or migrated job starts STABLE on the sequences it has
-// seen (LoadPolicies) and can plan them again without profiling.
+// seen (LoadPolicies) and can plan them again without profiling. Called
+// between iterations, it first waits for a plan in flight on the worker,
+// so that the file holds it.
 func (e *Engine) SavePolicies(w io.Writer) error {
 	if e.isClosed() {
 		return ErrClosed
@@ -83,6 +86,14 @@ func (e *Engine) SavePolicies(w io.Writer) error {
 }
 
 func (e *Engine) encodePolicies() ([]byte, error) {
+	// Between iterations, a plan in flight is waited for and taken, so
+	// that the file holds it.
+	if e.lock() == nil {
+		if !e.it.active {
+			e.landWith(context.Background(), &Result{}, true)
+		}
+		e.mu.Unlock()
+	}
 	var ps []*policy
 	for _, l := range e.cache.byHash {
 		ps = append(ps, l...)
