@@ -203,6 +203,7 @@ func runWorkload(t *testing.T, w workload, limit int64, iters int) (bad int64, s
 			}
 			kernel(ins, &outs[i])
 			require.NoError(t, it.After(&op))
+			require.NoError(t, eng.CheckOnDevice(), "op %d", i)
 			for j := range i + 1 {
 				if last[j] == i && outs[j].t != nil {
 					require.NoError(t, eng.Release(outs[j].t))

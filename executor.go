@@ -113,7 +113,21 @@ func (e *Engine) victims(want int64, noHost []*Tensor) []*Tensor {
 	res := e.scratch[:0]
 	blocks := e.blocks[:0]
 	page, budgeted := e.alloc.Stats().PageSize, e.cfg.ranks.hostShare() > 0
-	for _, t := range e.live {
+	// The tensors that may hold device memory (onDevice), not every live
+	// one: under a small limit most are off the device, and an eviction
+	// scans what is on it. Those that left are dropped from the list here.
+	kept := e.onDevice[:0]
+	for _, t := range e.onDevice {
+		if t.state == swapped || t.state == dropped {
+			t.onDev = false
+			continue
+		}
+		t.dslot = len(kept)
+		kept = append(kept, t)
+	}
+	clear(e.onDevice[len(kept):])
+	e.onDevice = kept
+	for _, t := range e.onDevice {
 		if t.state != swapped && t.state != dropped {
 			res = append(res, t)
 			movable := t.pin != e.serial && !slices.Contains(noHost, t)
@@ -294,6 +308,7 @@ func (e *Engine) swapIn(t *Tensor, evict bool, off int64) (bool, error) {
 		// host copy is kept, current until an op writes the tensor.
 		t.keepHost = false
 		t.ptr, t.ready, t.state, t.kept = ptr, ready, swappedIn, true
+		e.gotDevice(t)
 		e.stats.SwapsIn++
 		e.stats.SwappedInBytes += t.size
 		return true, nil
@@ -303,9 +318,11 @@ func (e *Engine) swapIn(t *Tensor, evict bool, off int64) (bool, error) {
 		// buffer goes back once the copy is done.
 		host := t.host
 		t.ptr, t.ready, t.state, t.host = ptr, ready, swappedIn, device.HostBuf{}
+		e.gotDevice(t)
 		return true, faulted("copy in", t, err, func() error { return e.dev.SyncEvent(ready) }, func() error { return e.pool.Put(host) })
 	}
 	t.ptr, t.ready, t.state, t.host = ptr, ready, swappedIn, device.HostBuf{}
+	e.gotDevice(t)
 	e.stats.SwapsIn++
 	e.stats.SwappedInBytes += t.size
 	return true, nil
@@ -385,6 +402,9 @@ type executor struct {
 	// released one a recompute still holds, or makes again, counts gone,
 	// as a run without the policy would have it (the profile's Mem).
 	liveB int64
+	// onDevice lists the tensors that may hold device memory (gotDevice),
+	// pruned by victims of those that no longer do.
+	onDevice []*Tensor
 	// placedFor is the policy the allocator's placement follows (nil:
 	// none), so that a new policy starts a new recording.
 	placedFor *policy
@@ -402,4 +422,26 @@ type executor struct {
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
 	prefetches prefetchQueue
+}
+
+// gotDevice notes that t holds device memory now (NewTensor, a copy back,
+// a recompute): victims looks among those.
+func (e *Engine) gotDevice(t *Tensor) {
+	if !t.onDev {
+		t.onDev, t.dslot = true, len(e.onDevice)
+		e.onDevice = append(e.onDevice, t)
+	}
+}
+
+// leftDevice takes a freed tensor off the list of those that may hold
+// device memory (the others leave it lazily, in victims).
+func (e *Engine) leftDevice(t *Tensor) {
+	if !t.onDev {
+		return
+	}
+	last := e.onDevice[len(e.onDevice)-1]
+	e.onDevice[t.dslot], last.dslot = last, t.dslot
+	e.onDevice[len(e.onDevice)-1] = nil
+	e.onDevice = e.onDevice[:len(e.onDevice)-1]
+	t.onDev = false
 }

@@ -181,6 +181,7 @@ func (it *Iteration) rerun(p *policy, what string, x *Tensor, in []*Tensor, fn f
 		return fmt.Errorf("chameleon: %s tensor %d: %w", what, x.id, err)
 	}
 	x.ptr, x.state = ptr, resident
+	e.gotDevice(x)
 	e.tm.waitBegin() // a recompute is the policy's time, not the op's
 	err = e.callback(fn)
 	e.tm.waitEnd()

@@ -132,15 +132,18 @@ type Tensor struct {
 	// waits for that op's After. A tensor made while an op runs, by any
 	// goroutine, is pinned by that op but not listed.
 	listed  uint64
-	lastUse uint64  // op serial of its last use: the eviction order
-	plan    int32   // index of the planned swap it was matched to, -1
-	rc      int32   // index of the planned recompute it was matched to, -1
-	holds   int32   // recomputes still to run that read it: its memory stays
-	remake  int32   // recomputes still to run that make it again: its handle stays
-	rm      int32   // index of the planned remade input it was matched to, -1
-	eng     *Engine // the Engine that made it
-	feat    match.Features
-	slot    int // index in Engine.live
+	lastUse uint64 // op serial of its last use: the eviction order
+	plan    int32  // index of the planned swap it was matched to, -1
+	rc      int32  // index of the planned recompute it was matched to, -1
+	holds   int32  // recomputes still to run that read it: its memory stays
+	remake  int32  // recomputes still to run that make it again: its handle stays
+	// onDev: it is in Engine.onDevice, at dslot.
+	onDev bool
+	dslot int
+	rm    int32   // index of the planned remade input it was matched to, -1
+	eng   *Engine // the Engine that made it
+	feat  match.Features
+	slot  int // index in Engine.live
 }
 
 // Ptr is the tensor's device address. Valid inside an op that lists the
@@ -209,6 +212,7 @@ func (e *Engine) NewTensor(size int64, kind Kind, dtype string, shape []int64) (
 	t.lastUse = e.serial
 	t.slot = len(e.live)
 	e.live = append(e.live, t)
+	e.gotDevice(t)
 	e.liveB += size
 	if kind.persistent() {
 		t.produced = true
@@ -301,6 +305,7 @@ func (e *Engine) free(t *Tensor) error {
 	last := e.live[len(e.live)-1]
 	e.live[t.slot], last.slot = last, t.slot
 	e.live = e.live[:len(e.live)-1]
+	e.leftDevice(t)
 	if err := e.unkeep(t); err != nil {
 		return err
 	}
