@@ -395,8 +395,11 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	// it while the plan is made.
 	var g errgroup.Group
 	baselineOf := func(r *plan.Result) {
+		// What the Group stage made, taken now: plan.Make goes on writing
+		// r while the baseline runs.
+		opTimes, curve, model := r.OpTimes, r.Curve, r.Model
 		g.Go(func() error {
-			sim, err := simulate.Run(simulate.Input{OpTimes: r.OpTimes, Curve: r.Curve, Swaps: mre.SwapAll(r.Model), Link: link})
+			sim, err := simulate.Run(simulate.Input{OpTimes: opTimes, Curve: curve, Swaps: mre.SwapAll(model), Link: link})
 			if err != nil {
 				return fmt.Errorf("swap-all baseline: %w", err)
 			}
