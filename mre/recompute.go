@@ -261,7 +261,9 @@ func (cs *candScan) gapCandidate(lt *memory.Lifetime, inputs []trace.TensorID, i
 			pins = appendNew(slices.DeleteFunc(pins, func(x trace.TensorID) bool { return x == id }), qin...)
 			continue
 		}
-		kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: in.Free})
+		// An input the curve releases inside op p itself (its last use,
+		// an autograd node dropping what it saved) is held from after p.
+		kept = append(kept, simulate.Kept{Tensor: id, Bytes: in.Bytes, From: max(in.Free, p+1)})
 		keptB += in.Bytes
 	}
 	if keptB >= lt.Bytes {

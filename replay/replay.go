@@ -566,6 +566,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		ok = mre.Recomputable(it)
 	}
 	var op chameleon.Op
+	var inplace []trace.TensorID
 	var issuedAt []int64
 	tl := r.timing != nil && r.timing.Timeline != nil
 	if tl {
@@ -606,6 +607,20 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 			}
 			op.Out = append(op.Out, l.t)
 		}
+		// Parameters and optimizer state an in-place op writes (an
+		// optimizer step lists them among its inputs alone) are among its
+		// outputs for the Engine, as a host lists them, and get a fresh
+		// pattern: a host copy kept of one from before is stale.
+		inplace = inplace[:0]
+		if !view {
+			for _, id := range o.In {
+				if tt := it.Tensors[id]; tt.Kind.Persistent() && !tt.Frozen && !slices.Contains(o.Out, id) &&
+					!slices.Contains(inplace, id) && mre.Writes(it, i, id) {
+					inplace = append(inplace, id)
+					op.Out = append(op.Out, r.tensors[id].t)
+				}
+			}
+		}
 		if r.recompute && ok[i] && len(o.Out) == 1 {
 			op.Recompute = r.recomputeOf(o, k, i, *gen+1)
 		}
@@ -629,7 +644,7 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		// A view's output is its input's storage, unchanged; every other
 		// output gets a fresh pattern.
 		if !view {
-			for _, id := range o.Out {
+			for _, id := range slices.Concat(o.Out, inplace) {
 				*gen++
 				if err := r.write(id, *gen); err != nil {
 					return err

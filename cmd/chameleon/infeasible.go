@@ -43,9 +43,9 @@ func planInfeasible(stdout, stderr io.Writer, rep *planReport, cfg planConfig, a
 	pct := func(b int64) float64 { return 100 * float64(b) / float64(max(rep.PeakBytesBefore, 1)) }
 	fmt.Fprintf(stderr, "the limit cannot be met %s: finding the lowest limit a plan meets\n", movedBy(rep.recompute))
 	low, err := lowestFeasible(rep, cfg)
-	msg := fmt.Sprintf("iteration %d: the limit of %s (%.1f%% of the peak of %s) cannot be met %s: %s over it at op %d with every idle tensor %s",
+	msg := fmt.Sprintf("iteration %d: the limit of %s (%.1f%% of the peak of %s) cannot be met %s: %s over it with every idle tensor %s, at %s",
 		rep.Iter, fmtBytes(rep.LimitBytes), pct(rep.LimitBytes), fmtBytes(rep.PeakBytesBefore), movedBy(rep.recompute),
-		fmtBytes(rep.Shortfall.Bytes), rep.Shortfall.Op, lo.Ternary(rep.recompute, "swapped or recomputed", "swapped"))
+		fmtBytes(rep.Shortfall.Bytes), lo.Ternary(rep.recompute, "swapped or recomputed", "swapped"), rep.Shortfall)
 	if err != nil {
 		msg += fmt.Sprintf("; the lowest limit a plan meets was not found: %v", err)
 	} else {
@@ -116,7 +116,7 @@ func lowestFeasible(rep *planReport, cfg planConfig) (int64, error) {
 		}
 		if sw != nil {
 			ie = sw
-			rep.Shortfall = &shortfall{Op: rep.in.Iter.Ops[sw.Op].Seq, Bytes: sw.Shortfall}
+			rep.Shortfall = newShortfall(rep.in.Iter, sw.Op, sw.Shortfall)
 			rep.shortAt = sw.Op
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -30,6 +31,9 @@ import (
 // step.
 type traceFlags struct {
 	path, kineto, kernels *string
+	// split runs the ops made of independent pieces piece by piece
+	// (trace.Split).
+	split *bool
 	// kt is what load found of kernel times: the --kernels file, or the
 	// Kineto profile's GPU kernels of an imported Execution Trace.
 	kt *kernelTimes
@@ -48,6 +52,7 @@ func addTraceFlags(fs *flag.FlagSet) traceFlags {
 		path:    fs.String("trace", "", "trace `file`: optrace/v1, or a PyTorch Execution Trace with --kineto (gzip or plain)"),
 		kineto:  fs.String("kineto", "", "Kineto (Chrome trace) `file` of the same step as the Execution Trace given by --trace"),
 		kernels: fs.String("kernels", "", "optrace-kernels/v1 `file`: each op's GPU kernel time, to plan with instead of estimates"),
+		split:   fs.Bool("split", false, "run each op made of independent pieces (fused and _foreach_ optimizer steps, multi-tensor copies and zeroing, the mixed-precision unscale) piece by piece, as a host that splits it would: the op's working set is one piece, not every parameter, gradient and optimizer state at once"),
 		kt:      &kernelTimes{},
 	}
 }
@@ -102,7 +107,49 @@ func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
 	if k != nil {
 		*f.kt = kernelTimes{est: layer.FromKernels(k), file: k, from: *f.kernels, iter: -1}
 	}
+	if *f.split {
+		split, origins := trace.SplitTrace(tr)
+		if err := f.kt.split(tr, origins); err != nil {
+			return nil, err
+		}
+		tr = split
+	}
 	return tr, nil
+}
+
+// split makes the kernel times those of tr split by origins (--split): a
+// kernels file's, by the first iteration of tr it times; the Kineto
+// kernels', by the iteration they time.
+func (kt *kernelTimes) split(tr *trace.Trace, origins [][]trace.Origin) error {
+	if kt.est == nil {
+		return nil
+	}
+	k := kt.iter
+	if k < 0 {
+		k = slices.IndexFunc(tr.Iterations, kt.est.Matches)
+		if k < 0 {
+			return nil // times no iteration: said where they are used
+		}
+	}
+	file := kt.file
+	if file == nil {
+		file = &trace.Kernels{Ops: make([]trace.KernelOp, len(kt.est.US))}
+		for i, us := range kt.est.US {
+			file.Ops[i] = trace.KernelOp{Seq: i, Name: tr.Iterations[k].Ops[i].Name, KernelUS: us}
+		}
+	}
+	split, err := file.Split(origins[k])
+	if err != nil {
+		return fmt.Errorf("--split: %s: %w", kt.from, err)
+	}
+	est := layer.FromKernels(split)
+	if kt.file != nil {
+		kt.file = split
+	} else {
+		est.Names = nil
+	}
+	kt.est = est
+	return nil
 }
 
 // hinted is err reading the trace, with a hint when the file looks like the

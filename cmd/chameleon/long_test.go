@@ -69,3 +69,69 @@ func TestLongReplaysRunAsPlanned(t *testing.T) {
 // checkPlanDoc: the long step checks that docs/plan.md is what the head
 // plans (TestPlanTraces), laid-out plans included.
 const checkPlanDoc = true
+
+// TestDeepCutsSplit: at 25% of their recorded peak, llama7b-8l and llama16
+// cannot be planned while their fused optimizer step runs whole (the error
+// names it and says --split runs it in pieces); with --split they plan
+// with recompute, replay with every byte verified, and replay timed at a
+// scale that keeps the GPU's proportions with no forced eviction and no
+// on-demand swap-in once STABLE.
+func TestDeepCutsSplit(t *testing.T) {
+	if raceEnabled {
+		t.Skip("timed replays under the race detector measure the detector")
+	}
+	for _, name := range []string{"llama7b-8l-bf16", "llama16-bf16"} {
+		t.Run(name, func(t *testing.T) {
+			tr := filepath.Join(publicDir, name)
+			if _, err := os.Stat(tr + ".jsonl.gz"); err != nil {
+				t.Skipf("%s absent", tr)
+			}
+			base := []string{"--trace", tr + ".jsonl.gz", "--kernels", tr + ".kernels.json.gz", "--limit", "25%"}
+			var out, errb bytes.Buffer
+			require.Equal(t, 1, runMain(append([]string{"plan", "--json"}, base...), &out, &errb), errb.String())
+			var whole planReport
+			require.NoError(t, json.Unmarshal(out.Bytes(), &whole))
+			require.NotNil(t, whole.Shortfall)
+			assert.Equal(t, "aten::_fused_adamw_", whole.Shortfall.Name)
+			assert.True(t, whole.Shortfall.Pieces)
+			assert.Contains(t, errb.String(), "--split runs one by one")
+
+			out.Reset()
+			errb.Reset()
+			require.Equal(t, 0, runMain(append([]string{"plan", "--json", "--split"}, base...), &out, &errb), errb.String())
+			var split planReport
+			require.NoError(t, json.Unmarshal(out.Bytes(), &split))
+			assert.True(t, split.Feasible)
+			assert.NotEmpty(t, split.Recomputes)
+			assert.LessOrEqual(t, split.PeakBytesAfter, split.LimitBytes)
+			t.Logf("25%% with --split: %.2f%% overhead simulated; bound with recompute %.2f%%", split.OverheadPct, *split.OverheadPctBoundRecompute)
+
+			out.Reset()
+			errb.Reset()
+			require.Equal(t, 0, runMain(append([]string{"replay", "--split", "--quiet", "--json"}, base...), &out, &errb), errb.String())
+			var rep replayJSON
+			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+			assert.Zero(t, rep.FailedUses)
+			assert.Positive(t, rep.VerifiedUses)
+
+			out.Reset()
+			errb.Reset()
+			require.Equal(t, 0, runMain(append([]string{"replay", "--split", "--timing", "--quiet", "--json", "--scale", "256", "--rounds", "4"}, base...), &out, &errb), errb.String())
+			rep = replayJSON{}
+			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+			stable := 0
+			for _, x := range rep.PerIteration {
+				if x.Stage != "STABLE" {
+					continue
+				}
+				stable++
+				assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
+				assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
+				if x.Round == 3 {
+					assert.Positive(t, x.Placed, "round %d iteration %d", x.Round, x.Iter)
+				}
+			}
+			assert.GreaterOrEqual(t, stable, 3)
+		})
+	}
+}

@@ -212,6 +212,42 @@ type planReport struct {
 type shortfall struct {
 	Op    int   `json:"op"`
 	Bytes int64 `json:"bytes"`
+	// Name and Module are the op's; Lists is the bytes of the tensors it
+	// lists, which are all resident while it runs; Pieces says it is made
+	// of independent pieces (trace.Divide), which --split runs one by one.
+	Name   string `json:"name"`
+	Module string `json:"module,omitempty"`
+	Lists  int64  `json:"lists_bytes"`
+	Pieces bool   `json:"pieces,omitempty"`
+}
+
+// newShortfall is the shortfall of bytes at op index i of it.
+func newShortfall(it *trace.Iteration, i int, bytes int64) *shortfall {
+	op := &it.Ops[i]
+	s := &shortfall{Op: op.Seq, Bytes: bytes, Name: op.Name, Module: op.Module}
+	seen := make(map[trace.TensorID]bool, len(op.In)+len(op.Out))
+	for _, id := range slices.Concat(op.In, op.Out) {
+		if t := it.Tensors[id]; t != nil && !seen[id] {
+			seen[id] = true
+			s.Lists += t.Bytes
+		}
+	}
+	_, s.Pieces = trace.Divide(it, op)
+	return s
+}
+
+// String says where the shortfall is: the op, what it lists itself, and
+// whether --split would run it in pieces.
+func (s *shortfall) String() string {
+	where := s.Name
+	if s.Module != "" {
+		where += " in " + s.Module
+	}
+	msg := fmt.Sprintf("op %d (%s, which lists %s itself)", s.Op, where, fmtBytes(s.Lists))
+	if s.Pieces {
+		msg += ", an op made of independent pieces that --split runs one by one"
+	}
+	return msg
 }
 
 type baseline struct {
@@ -442,7 +478,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	if err != nil {
 		var ie *mre.InfeasibleError
 		if errors.As(err, &ie) {
-			rep.Shortfall = &shortfall{Op: it.Ops[ie.Op].Seq, Bytes: ie.Shortfall}
+			rep.Shortfall = newShortfall(it, ie.Op, ie.Shortfall)
 			rep.PeakBytesAfter = peak
 			rep.IterationMSSim = rep.IterationMSBase
 			rep.Swaps, rep.Recomputes = []simulate.Swap{}, []simulate.Recompute{}
@@ -500,8 +536,8 @@ func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "limit %s, peak %s (%s curve), %d logical layers\n", fmtBytes(r.LimitBytes), fmtBytes(r.PeakBytesBefore), r.Curve, r.Groups)
 	fmt.Fprintf(w, "time base: %s; %s\n", r.TimeBase, r.GroupsNote)
 	if !r.Feasible {
-		fmt.Fprintf(w, "infeasible %s: %s over the limit at op %d with every idle tensor %s\n", movedBy(r.recompute), fmtBytes(r.Shortfall.Bytes), r.Shortfall.Op,
-			lo.Ternary(r.recompute, "swapped or recomputed", "swapped"))
+		fmt.Fprintf(w, "infeasible %s: %s over the limit with every idle tensor %s, at %s\n", movedBy(r.recompute), fmtBytes(r.Shortfall.Bytes),
+			lo.Ternary(r.recompute, "swapped or recomputed", "swapped"), r.Shortfall)
 		if r.LowestFeasibleBytes > 0 {
 			fmt.Fprintf(w, "lowest feasible limit: %s (%.1f%% of the peak): --limit %s\n", fmtBytes(r.LowestFeasibleBytes), r.LowestFeasiblePct, limitAtLeast(r.LowestFeasiblePct))
 		}

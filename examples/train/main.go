@@ -84,6 +84,7 @@ type options struct {
 	limit         string
 	steps         int
 	baselineSteps int
+	limitBatch    int
 	dynamic       bool
 	phase         int
 	patterns      int
@@ -121,6 +122,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.device, "device", "host", "host (pure Go) or cuda (libcudart, cuBLAS, NVRTC through purego)")
 	fs.StringVar(&o.limit, "limit", "50%", "device memory limit: a share of the unlimited run's peak in (0%, 100%], or bytes with a unit (512MiB, 12GiB, 1e9B); none runs only without a limit")
 	fs.IntVar(&o.steps, "steps", 40, "training steps")
+	fs.IntVar(&o.limitBatch, "limit-batch", 0, "a percent --limit is of the unlimited peak at this batch, measured in a run of its own, instead of --batch's: --batch 4096 --limit-batch 1024 --limit 100% trains 4x the batch in the memory batch 1024 needs; the summary compares the time per sample (0: --batch)")
 	fs.IntVar(&o.baselineSteps, "baseline-steps", 3, "steps of the run without a limit that measures the peak and the step time")
 	fs.BoolVar(&o.dynamic, "dynamic", false, "skip a random set of blocks in phases of --phase steps: the operator sequence changes while training")
 	fs.IntVar(&o.phase, "phase", 12, "steps each skip pattern holds (--dynamic); the Engine plans after 5 warm-up and 1 profiled step")
@@ -196,6 +198,8 @@ func (o *options) check() error {
 		return usagef("--workers %d: cannot be negative", o.workers)
 	case o.ranks < 1:
 		return usagef("--ranks %d: want at least 1", o.ranks)
+	case o.limitBatch < 0 || (o.limitBatch > 0 && o.ranks > 1):
+		return usagef("--limit-batch %d: want 0, or a batch with --ranks 1", o.limitBatch)
 	case o.model.Batch%o.ranks != 0:
 		return usagef("--batch %d is not divisible by --ranks %d: each rank trains on batch/ranks rows of the global batch", o.model.Batch, o.ranks)
 	case o.rankChannel != "" && o.rankChannel != "local" && o.rankChannel != "nccl":
@@ -374,7 +378,15 @@ func train(o *options, out io.Writer) (*outcome, error) {
 	// The summary speaks of one rank's model (the whole one without ranks).
 	so := *o
 	so.model = m
-	limit, err := parseLimit(o.limit, peak)
+	limitPeak := peak
+	var small *smallBatch
+	if o.limitBatch > 0 && !noLimit {
+		if small, err = runSmall(j, base, o, out); err != nil {
+			return res, err
+		}
+		limitPeak = small.peak
+	}
+	limit, err := parseLimit(o.limit, limitPeak)
 	if err != nil {
 		return res, err
 	}
@@ -429,6 +441,9 @@ func train(o *options, out io.Writer) (*outcome, error) {
 	}
 	rep := res.Limited[0]
 	printSummary(out, &so, baseRep, rep, limit, peak, baseMS)
+	if small != nil {
+		printPerSample(out, small, m.Batch, baseMS, rep)
+	}
 	if j.ranked {
 		if err := reference(j, o, cfg, free, res); err != nil {
 			return res, err
@@ -621,6 +636,53 @@ func medianMS(steps []Step, keep func(Step) bool) float64 {
 		}
 	}
 	return cli.Median(ts)
+}
+
+// smallBatch is the unlimited run at --limit-batch: its peak is the
+// limit's base, its step time per sample what a larger batch under that
+// limit is compared with.
+type smallBatch struct {
+	batch int
+	peak  int64
+	ms    float64
+}
+
+// runSmall runs the model without a limit at --limit-batch for
+// --baseline-steps steps, on base's reservation.
+func runSmall(j *job, base Config, o *options, out io.Writer) (*smallBatch, error) {
+	base.Model.Batch = o.limitBatch
+	base.Steps = o.baselineSteps
+	base.Progress = nil
+	if err := base.Model.Validate(); err != nil {
+		return nil, usagef("--limit-batch %d: %v", o.limitBatch, err)
+	}
+	fmt.Fprintf(out, "unlimited run at batch %d, the limit's base: %d steps on a reservation of %s\n", o.limitBatch, base.Steps, bytesStr(base.Limit))
+	reps, err := j.train(base)
+	if err != nil {
+		return nil, fmt.Errorf("unlimited run at batch %d: %w", o.limitBatch, err)
+	}
+	s := &smallBatch{batch: o.limitBatch}
+	for _, r := range reps {
+		s.peak = max(s.peak, r.Stats.PeakDeviceBytes)
+	}
+	st := reps[0].Steps
+	s.ms = medianMS(st[min(1, len(st)-1):], nil)
+	fmt.Fprintf(out, "unlimited at batch %d: peak %s, step %.2f ms (median after the first)\n", s.batch, bytesStr(s.peak), s.ms)
+	return s, nil
+}
+
+// printPerSample compares the time per sample of the limited run at batch
+// with the unlimited runs at batch and at --limit-batch.
+func printPerSample(out io.Writer, s *smallBatch, batch int, baseMS float64, rep *Report) {
+	stable := func(st Step) bool { return st.Result.Stage == seq.Stable }
+	steady := rep.Steps[min(1, len(rep.Steps)-1):]
+	ms := medianMS(steady, stable)
+	if math.IsNaN(ms) {
+		ms = medianMS(steady, nil)
+	}
+	per := func(ms float64, b int) float64 { return 1000 * ms / float64(b) }
+	fmt.Fprintf(out, "  per sample: %.3f us at batch %d under the peak of batch %d (%.2fx the batch), %.3f us at batch %d unlimited, %.3f us at batch %d unlimited: %+.1f%% against the batch that fits\n",
+		per(ms, batch), batch, s.batch, float64(batch)/float64(s.batch), per(baseMS, batch), batch, per(s.ms, s.batch), s.batch, 100*(per(ms, batch)/per(s.ms, s.batch)-1))
 }
 
 // parseLimit reads --limit (cli.ParseLimit).

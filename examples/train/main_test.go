@@ -48,6 +48,8 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"--host-budget", "x"}, "--host-budget"},
 		{[]string{"--ranks", "4", "--host-budget", "1KiB"}, "below one"},
 		{[]string{"--ranks", "2", "--host-budget", "64MiB", "--host-reserve", "40MiB"}, "above a rank's share"},
+		{[]string{"--limit-batch", "-1"}, "--limit-batch -1"},
+		{[]string{"--ranks", "2", "--limit-batch", "256"}, "with --ranks 1"},
 	}
 	for _, tt := range tests {
 		out.Reset()
@@ -65,4 +67,17 @@ func TestParseLimit(t *testing.T) {
 		assert.NoError(t, err, s)
 		assert.Equal(t, want, got, s)
 	}
+}
+
+// --limit-batch: four times the batch trains under the peak of the batch
+// a quarter its size, with the same losses bit for bit as without a limit,
+// and the summary compares the time per sample.
+func TestLimitBatch(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := runMain([]string{"--quiet", "--verify", "--batch", "1024", "--limit-batch", "256", "--limit", "100%", "--steps", "14"}, &out, &errb)
+	assert.Equal(t, 0, code, errb.String()+out.String())
+	assert.Contains(t, out.String(), "unlimited run at batch 256, the limit's base")
+	assert.Contains(t, out.String(), "per sample: ")
+	assert.Contains(t, out.String(), "(4.00x the batch)")
+	assert.Contains(t, out.String(), "bitwise", out.String())
 }

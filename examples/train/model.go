@@ -107,6 +107,9 @@ type net struct {
 	op      chameleon.Op
 	seed    uint64
 	lossBuf [4]byte
+	// the optimizer step's pieces, reused each step
+	pieces  []chameleon.Piece
+	stepped []*param
 
 	// phaseSync: wait for the device at the end of the forward and note
 	// when (fwdEnd), for Step.Forward.
@@ -531,15 +534,22 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 
 	// Optimizer: a skipped block's parameters got no gradient this step
 	// and keep their momentum as it was.
+	// One fused step over every parameter, run in pieces
+	// (Iteration.Pieces): a parameter, its gradient and its momentum at a
+	// time, so that only one piece need be on the device.
+	n.pieces, n.stepped = n.pieces[:0], n.stepped[:0]
 	for i, p := range n.params {
-		if n.skipped(skip, i) {
-			continue
+		if !n.skipped(skip, i) {
+			n.pieces = append(n.pieces, chameleon.Piece{In: ts(p.w, p.g, p.m), Out: ts(p.w, p.m)})
+			n.stepped = append(n.stepped, p)
 		}
-		if err := n.run("aten::_fused_sgd_", p.module, opt, ts(p.w, p.g, p.m), ts(p.w, p.m), func() error {
-			return n.k.SGD(p.w.Ptr(), p.g.Ptr(), p.m.Ptr(), p.n, lr, mu)
-		}); err != nil {
-			return fail(err)
-		}
+	}
+	n.op = chameleon.Op{Name: "aten::_fused_sgd_", Module: "optimizer", Phase: opt}
+	if err := n.it.Pieces(&n.op, n.pieces, func(i int) error {
+		p := n.stepped[i]
+		return n.k.SGD(p.w.Ptr(), p.g.Ptr(), p.m.Ptr(), p.n, lr, mu)
+	}); err != nil {
+		return fail(err)
 	}
 
 	// loss.item(): the step's one host synchronization, at its end, which

@@ -1,0 +1,207 @@
+package chameleon_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device/host"
+)
+
+// stepper is a small training loop on the host backend whose optimizer
+// step lists every parameter, gradient and optimizer state: with real
+// bytes, a shadow of each tensor in Go memory, and every read checked.
+type stepper struct {
+	t            *testing.T
+	dev          *host.Device
+	eng          *chameleon.Engine
+	params, m, v []*chameleon.Tensor
+	want         map[*chameleon.Tensor][]byte
+	size         int64
+}
+
+func newStepper(t *testing.T, n int, size, limit int64) *stepper {
+	dev, err := host.New(2 * limit)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(limit), chameleon.WithDetection(quick()))
+	require.NoError(t, err)
+	t.Cleanup(func() { eng.Close() })
+	s := &stepper{t: t, dev: dev, eng: eng, want: map[*chameleon.Tensor][]byte{}, size: size}
+	for i := range n {
+		for _, l := range []*[]*chameleon.Tensor{&s.params, &s.m, &s.v} {
+			kind := chameleon.Persistent
+			if l != &s.params {
+				kind = chameleon.OptimizerState
+			}
+			x, err := eng.NewTensor(size, kind, "float32", []int64{size / 4})
+			require.NoError(t, err)
+			*l = append(*l, x)
+			s.write(x, bytesOf(size, byte(i), byte(len(*l))))
+		}
+	}
+	return s
+}
+
+func bytesOf(n int64, a, b byte) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(i)*a ^ b
+	}
+	return p
+}
+
+// write sets x's bytes (inside an op that lists x, or before any op).
+func (s *stepper) write(x *chameleon.Tensor, b []byte) {
+	require.NoError(s.t, s.dev.WriteDevice(x.Ptr(), b))
+	s.want[x] = b
+}
+
+// read returns x's bytes, checking them against what was written last.
+func (s *stepper) read(x *chameleon.Tensor) []byte {
+	got := make([]byte, x.Size())
+	require.NoError(s.t, s.dev.ReadDevice(got, x.Ptr()))
+	require.Equal(s.t, s.want[x], got, "a tensor came back with other bytes")
+	return got
+}
+
+// step runs one iteration: a forward that reads each parameter, a backward
+// that makes each gradient, and the optimizer step, in pieces or whole.
+func (s *stepper) step(iter int, pieces bool) (res chameleon.Result, err error) {
+	it := s.eng.Begin()
+	defer func() { res = it.End() }()
+	return res, s.ops(it, iter, pieces)
+}
+
+func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
+	n := len(s.params)
+	acts := make([]*chameleon.Tensor, n)
+	for i, p := range s.params {
+		op := &chameleon.Op{Name: "fwd", In: []*chameleon.Tensor{p}}
+		if err := it.Before(op); err != nil {
+			return err
+		}
+		a, err := s.eng.NewTensor(s.size, chameleon.Activation, "float32", nil)
+		if err != nil {
+			return err
+		}
+		op.Out = []*chameleon.Tensor{a}
+		b := s.read(p)
+		for j := range b {
+			b[j] ^= byte(iter)
+		}
+		s.write(a, b)
+		acts[i] = a
+		if err := it.After(op); err != nil {
+			return err
+		}
+	}
+	grads := make([]*chameleon.Tensor, n)
+	for i := n - 1; i >= 0; i-- {
+		op := &chameleon.Op{Name: "bwd", In: []*chameleon.Tensor{acts[i]}}
+		if err := it.Before(op); err != nil {
+			return err
+		}
+		g, err := s.eng.NewTensor(s.size, chameleon.Activation, "float32", nil)
+		if err != nil {
+			return err
+		}
+		op.Out = []*chameleon.Tensor{g}
+		b := s.read(acts[i])
+		for j := range b {
+			b[j] = b[j]*3 + 1
+		}
+		s.write(g, b)
+		grads[i] = g
+		if err := it.After(op); err != nil {
+			return err
+		}
+		if err := s.eng.Release(acts[i]); err != nil {
+			return err
+		}
+	}
+	update := func(i int) error {
+		p, g, m, v := s.read(s.params[i]), s.read(grads[i]), s.read(s.m[i]), s.read(s.v[i])
+		for j := range p {
+			m[j] = m[j]/2 + g[j]/2
+			v[j] ^= g[j]
+			p[j] -= m[j] ^ v[j]
+		}
+		s.write(s.params[i], p)
+		s.write(s.m[i], m)
+		s.write(s.v[i], v)
+		return nil
+	}
+	op := &chameleon.Op{Name: "aten::_fused_adamw_"}
+	if pieces {
+		ps := make([]chameleon.Piece, n)
+		for i := range n {
+			ps[i] = chameleon.Piece{In: []*chameleon.Tensor{s.params[i], grads[i], s.m[i], s.v[i]}, Out: []*chameleon.Tensor{s.params[i], s.m[i], s.v[i]}}
+		}
+		if err := it.Pieces(op, ps, update); err != nil {
+			return err
+		}
+	} else {
+		for i := range n {
+			op.In = append(op.In, s.params[i], grads[i], s.m[i], s.v[i])
+			op.Out = append(op.Out, s.params[i], s.m[i], s.v[i])
+		}
+		if err := it.Before(op); err != nil {
+			return err
+		}
+		for i := range n {
+			if err := update(i); err != nil {
+				return err
+			}
+		}
+		if err := it.After(op); err != nil {
+			return err
+		}
+	}
+	for _, g := range grads {
+		if err := s.eng.Release(g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestPiecesRunBelowTheWholeOp: an optimizer step that lists 4 x 8
+// tensors cannot run under a limit of 2.5 of them per parameter; run in
+// pieces it does, planned (STABLE, swaps in force), every byte as written.
+func TestPiecesRunBelowTheWholeOp(t *testing.T) {
+	const n, size = 8, 64 << 10
+	limit := int64(n * size * 5 / 2)
+	whole := newStepper(t, n, size, limit)
+	_, err := whole.step(0, false)
+	require.Error(t, err, "the whole step lists more than the limit")
+	require.True(t, errors.Is(err, chameleon.ErrOutOfMemory), "%v", err)
+
+	s := newStepper(t, n, size, limit)
+	var last chameleon.Result
+	for iter := range 12 {
+		last, err = s.step(iter, true)
+		require.NoError(t, err, "iteration %d", iter)
+	}
+	st := s.eng.Stats()
+	require.Equal(t, "STABLE", last.Stage.String())
+	require.Positive(t, st.Replans, "a policy was planned for the pieces")
+	require.Positive(t, last.SwapsOut, "the policy swaps")
+	require.Zero(t, last.Evictions, "as planned: no forced eviction")
+	require.Zero(t, last.OnDemand)
+	require.LessOrEqual(t, st.PeakDeviceBytes, limit)
+}
+
+// TestPiecesRefuses: what a piecewise op cannot be.
+func TestPiecesRefuses(t *testing.T) {
+	s := newStepper(t, 1, 1024, 1<<20)
+	it := s.eng.Begin()
+	defer it.End()
+	err := it.Pieces(&chameleon.Op{Name: "x", Recompute: func() error { return nil }}, []chameleon.Piece{{}}, func(int) error { return nil })
+	require.ErrorContains(t, err, "no Recompute")
+	require.ErrorContains(t, it.Pieces(&chameleon.Op{Name: "x"}, []chameleon.Piece{{}}, nil), "nil run")
+	boom := errors.New("boom")
+	require.ErrorIs(t, it.Pieces(&chameleon.Op{Name: "x"}, []chameleon.Piece{{In: s.params}}, func(int) error { return boom }), boom)
+}

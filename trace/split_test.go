@@ -1,0 +1,208 @@
+package trace_test
+
+import (
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/internal/testtraces"
+	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/trace"
+)
+
+// TestSplitRealTraces splits the recorded traces' optimizer steps and
+// checks that the pieces hold exactly the op's tensors, a parameter with
+// its gradient and state in each piece, that the shares of each op add up
+// to one, and that the curve never rises inside an op that writes in place.
+func TestSplitRealTraces(t *testing.T) {
+	for _, name := range []string{testtraces.Small, "llama16-bf16.jsonl.gz", "llama7b-8l-bf16.jsonl.gz",
+		"mixtral8-eager-bf16.jsonl.gz", "llama16-lora.jsonl.gz", "llama16-fp16-scaler.jsonl.gz"} {
+		t.Run(name, func(t *testing.T) {
+			tr := testtraces.Read(t, name)
+			split, origins := trace.SplitTrace(tr)
+			require.Len(t, split.Iterations, len(tr.Iterations))
+			var fused, pieces int
+			for k, it := range tr.Iterations {
+				s, org := split.Iterations[k], origins[k]
+				require.Len(t, org, len(s.Ops))
+				share := make([]float64, len(it.Ops))
+				refs := make([]map[trace.TensorID]int, len(it.Ops))
+				for j, o := range org {
+					require.True(t, j == 0 || o.Op >= org[j-1].Op, "origins in order")
+					share[o.Op] += o.Share
+					require.Equal(t, j, s.Ops[j].Seq)
+					require.Equal(t, it.Ops[o.Op].Name, s.Ops[j].Name)
+					if refs[o.Op] == nil {
+						refs[o.Op] = map[trace.TensorID]int{}
+					}
+					for _, id := range slices.Concat(s.Ops[j].In, s.Ops[j].Out) {
+						refs[o.Op][id]++
+					}
+				}
+				for i := range it.Ops {
+					require.InDelta(t, 1, share[i], 1e-9, "op %d", i)
+					op := &it.Ops[i]
+					p, ok := trace.Divide(it, op)
+					want := map[trace.TensorID]int{}
+					for _, id := range slices.Concat(op.In, op.Out) {
+						want[id]++
+					}
+					if ok {
+						pieces += p.N
+						for _, id := range op.In[p.N*p.Lists:] {
+							want[id] += p.N - 1 // every piece lists the shared ones
+						}
+					}
+					require.Equal(t, want, refs[i], "op %d (%s): the pieces list what the op lists", i, op.Name)
+					if op.Name != "aten::_fused_adamw_" {
+						continue
+					}
+					fused++
+					require.True(t, ok, "op %d: %s divides", i, op.Name)
+					require.Equal(t, 5, p.Lists, "params, grads, exp_avg, exp_avg_sq, steps")
+					for x := range p.N {
+						in, _ := p.Piece(op, x)
+						param, grad, m, v := it.Tensors[in[0]], it.Tensors[in[1]], it.Tensors[in[2]], it.Tensors[in[3]]
+						require.Equal(t, trace.KindParam, param.Kind)
+						require.Equal(t, trace.KindActivation, grad.Kind, "a gradient")
+						require.Equal(t, param.Bytes, grad.Bytes)
+						require.Equal(t, trace.KindOptState, m.Kind)
+						require.Equal(t, trace.KindOptState, v.Kind)
+					}
+				}
+				if !it.HasMem() {
+					continue
+				}
+				for j := 1; j < len(s.Ops); j++ {
+					if org[j].Op == org[j-1].Op && len(s.Ops[j].Out) == 0 {
+						require.LessOrEqual(t, s.Ops[j].Mem, s.Ops[j-1].Mem, "op %d: an in-place piece allocates nothing", j)
+					}
+					require.LessOrEqual(t, s.Ops[j].Mem, it.Ops[org[j].Op].Mem+1, "op %d: the curve never rises over the recording", j)
+				}
+				// The memory model takes the split iteration as it is.
+				m := memory.Build(s, memory.LiveOutFromTrace(split, k))
+				require.Len(t, m.Curve, len(s.Ops))
+			}
+			if name != "llama16-fp16-scaler.jsonl.gz" {
+				require.Positive(t, fused, "a fused optimizer step in every iteration")
+			}
+			require.Positive(t, pieces)
+		})
+	}
+}
+
+// TestSplitFloor: the fused optimizer step holds every parameter, gradient
+// and optimizer state at once; split, the largest op it leaves is one
+// piece, a few parameters' worth.
+func TestSplitFloor(t *testing.T) {
+	tr := testtraces.Read(t, "llama16-bf16.jsonl.gz")
+	it := tr.Iterations[1]
+	split, _ := trace.Split(it, nil)
+	most := func(it *trace.Iteration, opt bool) int64 {
+		var m int64
+		for i := range it.Ops {
+			op := &it.Ops[i]
+			if (op.Phase == trace.PhaseOptimizer) != opt {
+				continue
+			}
+			var b int64
+			for _, id := range slices.Concat(op.In, op.Out) {
+				b += it.Tensors[id].Bytes
+			}
+			m = max(m, b)
+		}
+		return m
+	}
+	before, after := most(it, true), most(split, true)
+	require.Greater(t, before, int64(6<<30), "the whole step lists over 6 GiB")
+	require.Less(t, after, int64(600<<20), "one piece lists under 600 MiB")
+	require.Equal(t, most(it, false), most(split, false), "the other ops are as they were")
+}
+
+// TestSplitReleasesGradients: an activation a piece reads last leaves the
+// curve after that piece, and the curve after the op is the recording's
+// less what was released early until the recording releases it.
+func TestSplitReleasesGradients(t *testing.T) {
+	ts := map[trace.TensorID]*trace.Tensor{}
+	add := func(id trace.TensorID, bytes int64, k trace.Kind) {
+		ts[id] = &trace.Tensor{ID: id, Bytes: bytes, Kind: k}
+	}
+	// Two parameters (1, 2), their gradients (3, 4), state (5, 6, 7, 8).
+	for i, b := range []int64{100, 300} {
+		id := trace.TensorID(i + 1)
+		add(id, b, trace.KindParam)
+		add(id+2, b, trace.KindActivation)
+		add(id+4, b, trace.KindOptState)
+		add(id+6, b, trace.KindOptState)
+	}
+	add(9, 50, trace.KindActivation)
+	all := int64(400*4 + 50)
+	it := &trace.Iteration{Tensors: ts, Ops: []trace.Op{
+		{Name: "aten::mm", In: []trace.TensorID{1, 2}, Out: []trace.TensorID{9}, Mem: all, DurUS: 10},
+		{Name: "aten::_fused_adamw_", Phase: trace.PhaseOptimizer, In: []trace.TensorID{1, 2, 3, 4, 5, 6, 7, 8}, Mem: all, DurUS: 40},
+		{Name: "aten::add", In: []trace.TensorID{9}, Mem: all},
+		{Name: "aten::zero_", Mem: all - 400}, // the recording frees the gradients here
+		{Name: "aten::add", In: []trace.TensorID{9}, Mem: all - 400},
+	}}
+	s, org := trace.Split(it, nil)
+	require.Len(t, s.Ops, 6)
+	require.Equal(t, []trace.Origin{{0, 1}, {1, 0.25}, {1, 0.75}, {2, 1}, {3, 1}, {4, 1}}, org)
+	require.Equal(t, []trace.TensorID{1, 3, 5, 7}, s.Ops[1].In)
+	require.Equal(t, []trace.TensorID{2, 4, 6, 8}, s.Ops[2].In)
+	require.InDelta(t, 10, s.Ops[1].DurUS, 1e-9)
+	mem := make([]int64, len(s.Ops))
+	for i := range s.Ops {
+		mem[i] = s.Ops[i].Mem
+	}
+	require.Equal(t, []int64{all, all - 100, all - 400, all - 400, all - 400, all - 400}, mem)
+	// A gradient a later iteration reads stays.
+	s, _ = trace.Split(it, func(id trace.TensorID) bool { return id == 4 })
+	require.Equal(t, all-100, s.Ops[2].Mem)
+	require.Equal(t, all-400, s.Ops[4].Mem, "released where the recording releases it")
+}
+
+// TestDivideRefuses: ops not made of pieces, and lists that do not agree.
+func TestDivideRefuses(t *testing.T) {
+	ts := map[trace.TensorID]*trace.Tensor{}
+	for id, b := range map[trace.TensorID]int64{1: 10, 2: 20, 3: 10, 4: 20, 5: 30, 6: 40, 7: 4} {
+		ts[id] = &trace.Tensor{ID: id, Bytes: b}
+	}
+	it := &trace.Iteration{Tensors: ts}
+	for _, c := range []struct {
+		name string
+		in   []trace.TensorID
+		ok   bool
+		p    trace.Pieces
+	}{
+		{"aten::mm", []trace.TensorID{1, 2}, false, trace.Pieces{}},
+		{"aten::_foreach_add_", []trace.TensorID{1, 2, 3, 4}, true, trace.Pieces{N: 2, Lists: 2}},
+		{"aten::_fused_adamw_", []trace.TensorID{1, 2, 5, 6}, false, trace.Pieces{}},                      // 30/10 != 40/20, nor all one size
+		{"aten::_foreach_add_", []trace.TensorID{1, 2, 1, 4}, false, trace.Pieces{}},                      // a tensor twice
+		{"aten::_foreach_mul_", []trace.TensorID{1, 2, 7}, true, trace.Pieces{N: 2, Lists: 1, Shared: 1}}, // a scalar tensor shared
+		{"aten::_foreach_zero_", []trace.TensorID{1}, false, trace.Pieces{}},                              // one piece: nothing to split
+	} {
+		p, ok := trace.Divide(it, &trace.Op{Name: c.name, In: c.in})
+		require.Equal(t, c.ok, ok, "%s %v", c.name, c.in)
+		require.Equal(t, c.p, p, "%s %v", c.name, c.in)
+	}
+}
+
+// TestKernelsSplit: each piece gets its share of its op's kernel time; the
+// total is kept.
+func TestKernelsSplit(t *testing.T) {
+	k := &trace.Kernels{Ops: []trace.KernelOp{{Name: "a", KernelUS: 10}, {Name: "b", KernelUS: 40}}}
+	s, err := k.Split([]trace.Origin{{0, 1}, {1, 0.25}, {1, 0.75}})
+	require.NoError(t, err)
+	var sum float64
+	for i, op := range s.Ops {
+		require.Equal(t, i, op.Seq)
+		sum += op.KernelUS
+	}
+	require.InDelta(t, 50, sum, 1e-9)
+	require.Equal(t, "b", s.Ops[2].Name)
+	require.False(t, math.IsNaN(s.Ops[1].KernelUS))
+	_, err = k.Split([]trace.Origin{{2, 1}})
+	require.Error(t, err)
+}
