@@ -135,3 +135,40 @@ func TestDeepCutsSplit(t *testing.T) {
 		})
 	}
 }
+
+// TestFourTimesTheBatch: the design's scenario. llama16 at batch 16 and
+// llama7b-8l at batch 8, recorded on the H200, plan with --split and
+// recompute under the recorded peak of a quarter of their batch
+// (llama16-bf16 and llama7b-8l-bf16, recorded the same day: the limits
+// below), within 1.1x of the bound of plans with recompute, and replay with
+// every byte verified.
+func TestFourTimesTheBatch(t *testing.T) {
+	for _, c := range []struct{ name, limit string }{
+		{"llama16-bf16-b16", "19790896640B"},
+		{"llama7b-8l-bf16-b8", "26993532416B"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := filepath.Join("../../testdata/traces", c.name)
+			base := []string{"--split", "--trace", tr + ".jsonl.gz", "--kernels", tr + ".kernels.json.gz", "--limit", c.limit}
+			var out, errb bytes.Buffer
+			require.Equal(t, 0, runMain(append([]string{"plan", "--json"}, base...), &out, &errb), errb.String())
+			var p planReport
+			require.NoError(t, json.Unmarshal(out.Bytes(), &p))
+			require.True(t, p.Feasible)
+			require.NotNil(t, p.OverheadPctBoundRecompute)
+			bound := p.IterationMSBase * (1 + *p.OverheadPctBoundRecompute/100)
+			t.Logf("simulated %.2f ms, bound with recompute %.2f ms: %.3fx", p.IterationMSSim, bound, p.IterationMSSim/bound)
+			assert.LessOrEqual(t, p.IterationMSSim, 1.1*bound)
+			assert.LessOrEqual(t, p.PeakBytesAfter, p.LimitBytes)
+
+			out.Reset()
+			errb.Reset()
+			require.Equal(t, 0, runMain(append([]string{"replay", "--quiet", "--json"}, base...), &out, &errb), errb.String())
+			var rep replayJSON
+			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+			assert.Zero(t, rep.FailedUses)
+			assert.Positive(t, rep.VerifiedUses)
+			assert.Contains(t, rep.Stages, "STABLE")
+		})
+	}
+}
