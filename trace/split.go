@@ -355,3 +355,43 @@ func (k *Kernels) Split(origins []Origin) (*Kernels, error) {
 	}
 	return &out, nil
 }
+
+// Gradients returns the tensors of it an optimizer step reads as
+// gradients, which a trace marks as activations: element i of the second
+// list of a fused or _foreach_ optimizer step (Divide) whose first list
+// holds parameters, of the same size as parameter i, and the list the
+// mixed-precision unscale divides.
+func Gradients(it *Iteration) map[TensorID]bool {
+	g := map[TensorID]bool{}
+	for i := range it.Ops {
+		op := &it.Ops[i]
+		p, ok := Divide(it, op)
+		if !ok {
+			continue
+		}
+		list := -1
+		switch r, _ := pieceRuleOf(op.Name); {
+		case r.prefix == "_amp_foreach_non_finite_check_and_unscale":
+			list = 0
+		case p.Lists >= 2 && op.Phase == PhaseOptimizer:
+			list = 1
+		}
+		if list < 0 {
+			continue
+		}
+		for k := range p.N {
+			id := op.In[list*p.N+k]
+			t := it.Tensors[id]
+			if t == nil || t.Kind != KindActivation {
+				continue
+			}
+			if list == 1 {
+				if w := it.Tensors[op.In[k]]; w == nil || w.Kind != KindParam || w.Bytes != t.Bytes {
+					continue
+				}
+			}
+			g[id] = true
+		}
+	}
+	return g
+}

@@ -206,3 +206,36 @@ func TestKernelsSplit(t *testing.T) {
 	_, err = k.Split([]trace.Origin{{2, 1}})
 	require.Error(t, err)
 }
+
+// TestGradients: the gradients an optimizer step reads are found, one per
+// trained parameter, each the size of its parameter.
+func TestGradients(t *testing.T) {
+	for name, want := range map[string]int{
+		"llama16-bf16.jsonl.gz":        147, // every parameter
+		"llama16-lora.jsonl.gz":        128, // the adapters alone: the base weights are frozen
+		"llama16-fp16-scaler.jsonl.gz": 147, // the unscale's list
+	} {
+		tr := testtraces.Read(t, name)
+		var found bool
+		for _, it := range tr.Iterations {
+			g := trace.Gradients(it)
+			if len(g) == 0 {
+				continue // a step the scaler skipped
+			}
+			found = true
+			require.Len(t, g, want, name)
+			for id := range g {
+				require.Equal(t, trace.KindActivation, it.Tensors[id].Kind)
+			}
+		}
+		require.True(t, found, name)
+	}
+	tr := testtraces.Read(t, "llama16-bf16-ckpt.jsonl.gz")
+	it := tr.Iterations[1]
+	for id := range trace.Gradients(it) {
+		// Each gradient is made in the backward.
+		made := slices.IndexFunc(it.Ops, func(op trace.Op) bool { return slices.Contains(op.Out, id) })
+		require.GreaterOrEqual(t, made, 0)
+		require.Equal(t, trace.PhaseBackward, it.Ops[made].Phase, "tensor %d", id)
+	}
+}

@@ -56,6 +56,9 @@ type planConfig struct {
 	grouper   plan.Grouper // --boundaries; nil: grouping and groups
 	timeBase  string       // where the op times come from (layer.Base*)
 	plotTime  bool         // --plot-x time
+	// hostBudget is the pinned host memory the swaps may hold at once
+	// (--host-budget, plan.WithHostLimit); 0: none.
+	hostBudget int64
 }
 
 // planOptions are cfg's settings of the planning path; what a field leaves
@@ -98,6 +101,9 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 	}
 	if cfg.bandwidth > 0 {
 		opts = append(opts, plan.WithLink(simulate.H200().Scaled(cfg.bandwidth)))
+	}
+	if cfg.hostBudget > 0 {
+		opts = append(opts, plan.WithHostLimit(cfg.hostBudget))
 	}
 	mo := []mre.Option{mre.WithPrefetchLayers(cfg.prefetch)}
 	if cfg.minBytes > 0 {
@@ -171,11 +177,15 @@ type planReport struct {
 	// StreamingBoundMS bounds the step run over and over in steady state
 	// (swaps may cross the iteration boundary): mre.StreamingBound at the
 	// limit, and at the planned tier.
-	StreamingBoundMS        float64         `json:"streaming_bound_ms"`
-	StreamingBoundMSPlanned float64         `json:"streaming_bound_ms_planned"`
-	UtilD2H                 float64         `json:"link_util_d2h"`
-	UtilH2D                 float64         `json:"link_util_h2d"`
-	Swaps                   []simulate.Swap `json:"swaps"`
+	StreamingBoundMS        float64 `json:"streaming_bound_ms"`
+	StreamingBoundMSPlanned float64 `json:"streaming_bound_ms_planned"`
+	// HostPeakBytes is the most pinned host memory the plan's swaps hold
+	// at once (plan.HostPeak); HostBudgetBytes is --host-budget (0: none).
+	HostPeakBytes   int64           `json:"host_peak_bytes"`
+	HostBudgetBytes int64           `json:"host_budget_bytes,omitempty"`
+	UtilD2H         float64         `json:"link_util_d2h"`
+	UtilH2D         float64         `json:"link_util_h2d"`
+	Swaps           []simulate.Swap `json:"swaps"`
 	// LargestSwaps are the 10 largest swaps, largest first, with the op
 	// that makes each tensor; PeakBreakdown the peak before and after the
 	// plan by tensor kind. Both absent when no plan was made.
@@ -278,13 +288,14 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/json.md); a limit no plan meets prints feasible:false with the error, the shortfall and the lowest feasible limit, and exits 1")
 	plotPath := fs.String("plot", "", "draw memory before/after, the limit, the swap spans and the recompute spans (`file`.svg or .png); for a limit no plan meets, the curve, the limit and the lowest feasible limit")
 	plotX := fs.String("plot-x", "op", "--plot's x axis: op (op index) or time (ms, each op at its start by the op times without the plan)")
+	hostBudget := fs.String("host-budget", "0", "pinned host memory the plan's swaps may hold at once, bytes with a unit (64GiB; chameleon.WithHostBudget's share): a plan over it is refused and the error says the host budget binds; 0: none")
 	perfetto := fs.String("perfetto", "", "write the simulated timeline as Chrome trace JSON (`file`, opens in Perfetto), with a memory counter track before and after the plan")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
 	cfg, err := planFlags{trace: tf, iter: *iter, limit: *limit, bandwidth: *bw, estimator: *est, groups: *groups, grouping: *grouping,
 		curve: *curve, minBytes: *minBytes, prefetch: *prefetch, margin: *margin, recompute: *recompute, tiers: *tiers, plot: *plotPath, plotX: *plotX,
-		boundaries: *bounds, noLayout: !*layout, page: *page}.check()
+		boundaries: *bounds, noLayout: !*layout, page: *page, hostBudget: *hostBudget}.check()
 	if err != nil {
 		return err
 	}
@@ -475,8 +486,14 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 			Recomputable: mre.Recomputable(it)}, link.D2H).OverheadPct
 		rep.OverheadPctBoundRecompute = &rb
 	}
+	rep.HostBudgetBytes = cfg.hostBudget
 	if err != nil {
 		var ie *mre.InfeasibleError
+		var he *plan.HostLimitError
+		if errors.As(err, &he) {
+			return rep, fmt.Errorf("iteration %d: the host budget binds before the device limit: the plan that meets the limit holds %s of pinned host memory at once (at op %d), above --host-budget %s; give the job more pinned host memory or a higher device limit",
+				k, fmtBytes(he.Peak), it.Ops[he.Op].Seq, fmtBytes(he.Limit))
+		}
 		if errors.As(err, &ie) {
 			rep.Shortfall = newShortfall(it, ie.Op, ie.Shortfall)
 			rep.PeakBytesAfter = peak
@@ -497,6 +514,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.OverheadPctBoundPlanned = mre.LowerBoundKept(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
 	rep.StreamingBoundMSPlanned = mre.StreamingBound(res.Curve, res.Planned, res.OpTimes, link.D2H, link.H2D, kept) / 1000
 	rep.PeakBytesAfter = pol.Sim.Peak
+	rep.HostPeakBytes = plan.HostPeak(it, pol.Swaps)
 	rep.IterationMSSim = pol.Sim.IterationUS / 1000
 	rep.IterationMSExec, rep.PeakBytesExec = res.Exec.IterationUS/1000, res.Exec.Peak
 	rep.OverheadPct = pol.Sim.OverheadPct()
@@ -565,6 +583,11 @@ func printPlan(w io.Writer, r *planReport) {
 		fmt.Fprintf(w, "bound of plans with recompute: %.2f%% at the limit\n", *r.OverheadPctBoundRecompute)
 	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
+	fmt.Fprintf(w, "pinned host memory: the swaps hold %s at most", fmtBytes(r.HostPeakBytes))
+	if r.HostBudgetBytes > 0 {
+		fmt.Fprintf(w, " of a --host-budget of %s", fmtBytes(r.HostBudgetBytes))
+	}
+	fmt.Fprintln(w)
 	sa := r.Baselines.SwapAll
 	fmt.Fprintf(w, "swap-all (save_on_cpu): peak %s, %.2f ms, overhead %.1f%%\n", fmtBytes(sa.PeakBytes), sa.IterationMS, sa.OverheadPct)
 	printSwapsAndBreakdown(w, r)

@@ -867,3 +867,31 @@ simulates at 62.8 ms (1.07x of its compute-bound bound), 2.93 GiB in; at 60% 61.
 steps had no plan (the copies back, timed on the stall-free timeline, all fell at op 0) and the
 prefill at 50% cost 88.8 ms, copying 3.33 GiB out and in.
 `
+
+// --host-budget: the plan's pinned host memory is reported, a plan within
+// the budget is made, and one over it is refused with the budget named.
+func TestPlanHostBudget(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runMain([]string{"plan", "--trace", bundled, "--limit", "80%", "--json"}, &out, &errb), errb.String())
+	var free struct {
+		HostPeak   int64 `json:"host_peak_bytes"`
+		HostBudget int64 `json:"host_budget_bytes"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &free))
+	require.Positive(t, free.HostPeak)
+	require.Zero(t, free.HostBudget)
+
+	out.Reset()
+	errb.Reset()
+	budget := fmt.Sprintf("%dB", 2*free.HostPeak)
+	require.Equal(t, 0, runMain([]string{"plan", "--trace", bundled, "--limit", "80%", "--host-budget", budget}, &out, &errb), errb.String())
+	assert.Contains(t, out.String(), "pinned host memory: the swaps hold ")
+	assert.Contains(t, out.String(), " of a --host-budget of ")
+
+	out.Reset()
+	errb.Reset()
+	budget = fmt.Sprintf("%dB", free.HostPeak/4)
+	require.Equal(t, 1, runMain([]string{"plan", "--trace", bundled, "--limit", "80%", "--host-budget", budget}, &out, &errb))
+	assert.Contains(t, errb.String(), "the host budget binds before the device limit")
+	require.Equal(t, 2, runMain([]string{"plan", "--trace", bundled, "--limit", "80%", "--host-budget", "-1GiB"}, &out, &errb))
+}

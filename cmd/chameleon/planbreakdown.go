@@ -42,11 +42,12 @@ type peakBreakdown struct {
 	// storages of each trace kind live at the op (less, after the plan,
 	// those swapped out or dropped for a recompute); Other is what the
 	// curve holds beyond them (allocator rounding, storages no op of the
-	// iteration references). The trace does not mark gradients: they count
-	// as activations.
+	// iteration references). Gradients are the activations an optimizer
+	// step reads as such (trace.Gradients); a trace does not mark them.
 	Params      int64 `json:"params"`
 	OptState    int64 `json:"optimizer_state"`
 	Activations int64 `json:"activations"`
+	Gradients   int64 `json:"gradients"`
 	Inputs      int64 `json:"inputs"`
 	Other       int64 `json:"other"`
 }
@@ -91,7 +92,7 @@ func largestSwaps(m *memory.Model, pol *mre.Policy, seqOf func(int) int) []large
 
 // breakdownAt splits mem, the bytes at op t, by the kinds of the storages
 // of m live at t that gone does not hold off the device.
-func breakdownAt(m *memory.Model, t int, mem int64, gone func(trace.TensorID) bool) peakBreakdown {
+func breakdownAt(m *memory.Model, grads map[trace.TensorID]bool, t int, mem int64, gone func(trace.TensorID) bool) peakBreakdown {
 	b := peakBreakdown{Op: m.Iter.Ops[t].Seq, Bytes: mem}
 	var sum int64
 	for i := range m.Lifetimes {
@@ -107,6 +108,12 @@ func breakdownAt(m *memory.Model, t int, mem int64, gone func(trace.TensorID) bo
 			b.OptState += l.Bytes
 		case trace.KindInput:
 			b.Inputs += l.Bytes
+		case trace.KindActivation:
+			if grads[l.Tensor.ID] {
+				b.Gradients += l.Bytes
+			} else {
+				b.Activations += l.Bytes
+			}
 		default:
 			b.Activations += l.Bytes
 		}
@@ -129,7 +136,8 @@ func peakBreakdownsOf(m *memory.Model, curve []int64, pol *mre.Policy) peakBreak
 			pb = t
 		}
 	}
-	r.Before = breakdownAt(m, pb, curve[pb], nil)
+	grads := trace.Gradients(m.Iter)
+	r.Before = breakdownAt(m, grads, pb, curve[pb], nil)
 	sim := pol.Sim
 	pa := sim.PeakOp
 	if pa < 0 || pa >= len(sim.Ops) || pa >= len(m.Iter.Ops) {
@@ -160,7 +168,7 @@ func peakBreakdownsOf(m *memory.Model, curve []int64, pol *mre.Policy) peakBreak
 			gone[rc.Tensor] = true
 		}
 	}
-	r.After = breakdownAt(m, pa, sim.Ops[pa].Mem, func(id trace.TensorID) bool { return gone[id] })
+	r.After = breakdownAt(m, grads, pa, sim.Ops[pa].Mem, func(id trace.TensorID) bool { return gone[id] })
 	return r
 }
 
@@ -169,7 +177,7 @@ func (b peakBreakdown) String() string {
 	for _, p := range []struct {
 		name string
 		n    int64
-	}{{"params", b.Params}, {"optimizer state", b.OptState}, {"activations", b.Activations}, {"inputs", b.Inputs}, {"other", b.Other}} {
+	}{{"params", b.Params}, {"optimizer state", b.OptState}, {"activations", b.Activations}, {"gradients", b.Gradients}, {"inputs", b.Inputs}, {"other", b.Other}} {
 		parts = append(parts, fmt.Sprintf("%s %s", p.name, fmtBytes(p.n)))
 	}
 	return fmt.Sprintf("%s at op %d: %s", fmtBytes(b.Bytes), b.Op, strings.Join(parts, ", "))

@@ -21,7 +21,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	text := out.String()
 	assert.Regexp(t, `largest swaps \(10 of \d+, by bytes\):`, text)
 	assert.Contains(t, text, "model.embed_tokens", "a swap named by its module")
-	assert.Regexp(t, `peak before: \d+\.\d\d GiB at op \d+: params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, inputs [\d.]+ GiB, other`, text)
+	assert.Regexp(t, `peak before: \d+\.\d\d GiB at op \d+: params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, gradients [\d.]+ GiB, inputs [\d.]+ GiB, other`, text)
 	assert.Contains(t, text, "peak after:  ")
 
 	dir := t.TempDir()
@@ -49,7 +49,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		}
 	}
 	for name, b := range map[string]peakBreakdown{"before": rep.PeakBreakdown.Before, "after": rep.PeakBreakdown.After} {
-		assert.Equal(t, b.Bytes, b.Params+b.OptState+b.Activations+b.Inputs+b.Other, name)
+		assert.Equal(t, b.Bytes, b.Params+b.OptState+b.Activations+b.Gradients+b.Inputs+b.Other, name)
 		assert.Positive(t, b.Params, name)
 		assert.Positive(t, b.Activations, name)
 	}

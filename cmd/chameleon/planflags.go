@@ -19,6 +19,7 @@ type planFlags struct {
 	curve, minBytes, tiers, plot, page    string
 	plotX                                 string
 	boundaries                            string
+	hostBudget                            string
 	margin                                float64
 	recompute, noLayout                   bool
 }
@@ -57,6 +58,10 @@ func (f planFlags) check() (planConfig, error) {
 			return planConfig{}, usagef("--page %q: want a power of two with a unit (2MiB)", f.page)
 		}
 	}
+	hb, err := chameleon.ParseBytes(f.hostBudget)
+	if err != nil || hb < 0 {
+		return planConfig{}, usagef("--host-budget %q: want bytes with a unit (64GiB), or 0 for none", f.hostBudget)
+	}
 	var tierList []int
 	if strings.TrimSpace(f.tiers) != "" {
 		if tierList, err = chameleon.ParseTiers(f.tiers); err != nil {
@@ -78,7 +83,7 @@ func (f planFlags) check() (planConfig, error) {
 	}
 	cfg := planConfig{iter: f.iter, limit: f.limit, bandwidth: rate, estimator: e, groups: f.groups, grouping: f.grouping,
 		minBytes: mb, prefetch: f.prefetch, margin: f.margin, curve: f.curve, tiers: tierList, recompute: f.recompute, noLayout: f.noLayout, page: page,
-		timeBase: lo.Ternary(f.estimator == "recorded", layer.BaseRecorded, layer.BaseEstimated), plotTime: f.plotX == "time"}
+		timeBase: lo.Ternary(f.estimator == "recorded", layer.BaseRecorded, layer.BaseEstimated), plotTime: f.plotX == "time", hostBudget: hb}
 	if f.boundaries != "" {
 		if cfg.grouper, err = plan.ParseBoundaries(f.boundaries); err != nil {
 			return planConfig{}, usagef("--boundaries: %v", err)
