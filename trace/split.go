@@ -195,17 +195,13 @@ type Origin struct {
 // A piece keeps its op's name, overload, phase and module; its time, FLOPs
 // and bytes moved are its share of the op's by bytes listed, and the
 // recorded memory after it is the op's curve carried from the op before by
-// the same share. An activation a piece reads for the last time in the
-// iteration (a gradient, in an optimizer step) is released after that
-// piece, as a host that runs the step in pieces releases it (a gradient
-// set to None once its parameter is updated): the recorded curve after
-// the piece, and after the op until the recording released it, is lower
-// by its bytes. liveOut says which tensors a later iteration reads (nil:
-// none); those are never released early.
+// the same share. What the recording kept past its last use (gradients
+// until zero_grad) stays as recorded: a host that also releases each
+// gradient after its piece records that in its own profile.
 //
 // it is not changed; the result shares its Tensors. An iteration with no
 // such op is returned as it is.
-func Split(it *Iteration, liveOut func(TensorID) bool) (*Iteration, []Origin) {
+func Split(it *Iteration) (*Iteration, []Origin) {
 	var ps []Pieces
 	var at []int
 	for i := range it.Ops {
@@ -220,18 +216,8 @@ func Split(it *Iteration, liveOut func(TensorID) bool) (*Iteration, []Origin) {
 		}
 		return it, origins
 	}
-	last := make(map[TensorID]int, len(it.Tensors))
-	for i := range it.Ops {
-		for _, id := range it.Ops[i].In {
-			last[id] = i
-		}
-		for _, id := range it.Ops[i].Out {
-			last[id] = i
-		}
-	}
 	out := *it
 	out.Ops = make([]Op, 0, len(it.Ops))
-	var dead []int64 // per op of out: bytes its piece releases early
 	next := 0
 	for i := range it.Ops {
 		op := it.Ops[i]
@@ -239,7 +225,6 @@ func Split(it *Iteration, liveOut func(TensorID) bool) (*Iteration, []Origin) {
 			op.Seq = len(out.Ops)
 			out.Ops = append(out.Ops, op)
 			origins = append(origins, Origin{Op: i, Share: 1})
-			dead = append(dead, 0)
 			continue
 		}
 		p := ps[next]
@@ -273,67 +258,20 @@ func Split(it *Iteration, liveOut func(TensorID) bool) (*Iteration, []Origin) {
 			if k < p.N-1 && op.Mem >= 0 && before >= 0 {
 				q.Mem = before + int64(float64(op.Mem-before)*done)
 			}
-			var d int64
-			for _, id := range in[:p.Lists] {
-				if t := it.Tensors[id]; t != nil && t.Kind == KindActivation && last[id] == i && (liveOut == nil || !liveOut(id)) {
-					d += t.Bytes
-				}
-			}
 			out.Ops = append(out.Ops, q)
 			origins = append(origins, Origin{Op: i, Share: share})
-			dead = append(dead, d)
 		}
-	}
-	if out.HasMem() {
-		releaseEarly(out.Ops, dead)
 	}
 	return &out, origins
 }
 
-// releaseEarly lowers the curve of ops by the bytes dead[j] released after
-// op j until the curve itself falls by them (where the recording released
-// them).
-func releaseEarly(ops []Op, dead []int64) {
-	var early, level int64
-	for j := range ops {
-		m := ops[j].Mem
-		if early > 0 && m < level {
-			early = max(0, early-(level-m))
-			level = m
-		}
-		if dead[j] > 0 {
-			if early == 0 || m < level {
-				level = m
-			}
-			early += dead[j]
-		}
-		ops[j].Mem = max(m-early, 0)
-	}
-}
-
-// SplitTrace splits every iteration of tr (Split), a tensor another
-// iteration reads being live-out. The result shares tr's tensors;
-// origins[k] is iteration k's.
+// SplitTrace splits every iteration of tr (Split). The result shares tr's
+// tensors; origins[k] is iteration k's.
 func SplitTrace(tr *Trace) (out *Trace, origins [][]Origin) {
-	iters := make(map[TensorID]int)
-	seen := make(map[TensorID]int)
-	for k, it := range tr.Iterations {
-		for i := range it.Ops {
-			for _, ids := range [][]TensorID{it.Ops[i].In, it.Ops[i].Out} {
-				for _, id := range ids {
-					if s, ok := seen[id]; !ok || s != k {
-						seen[id] = k
-						iters[id]++
-					}
-				}
-			}
-		}
-	}
-	liveOut := func(id TensorID) bool { return iters[id] > 1 }
 	out = &Trace{Name: tr.Name, Header: tr.Header, Iterations: make([]*Iteration, len(tr.Iterations))}
 	origins = make([][]Origin, len(tr.Iterations))
 	for k, it := range tr.Iterations {
-		out.Iterations[k], origins[k] = Split(it, liveOut)
+		out.Iterations[k], origins[k] = Split(it)
 	}
 	return out, origins
 }

@@ -99,7 +99,7 @@ func TestSplitRealTraces(t *testing.T) {
 func TestSplitFloor(t *testing.T) {
 	tr := testtraces.Read(t, "llama16-bf16.jsonl.gz")
 	it := tr.Iterations[1]
-	split, _ := trace.Split(it, nil)
+	split, _ := trace.Split(it)
 	most := func(it *trace.Iteration, opt bool) int64 {
 		var m int64
 		for i := range it.Ops {
@@ -121,46 +121,44 @@ func TestSplitFloor(t *testing.T) {
 	require.Equal(t, most(it, false), most(split, false), "the other ops are as they were")
 }
 
-// TestSplitReleasesGradients: an activation a piece reads last leaves the
-// curve after that piece, and the curve after the op is the recording's
-// less what was released early until the recording releases it.
-func TestSplitReleasesGradients(t *testing.T) {
+// TestSplitCurve: a piece gets its share of its op's time, and the curve
+// after it is the op's carried from the op before by the share done.
+func TestSplitCurve(t *testing.T) {
 	ts := map[trace.TensorID]*trace.Tensor{}
 	add := func(id trace.TensorID, bytes int64, k trace.Kind) {
 		ts[id] = &trace.Tensor{ID: id, Bytes: bytes, Kind: k}
 	}
-	// Two parameters (1, 2), their gradients (3, 4), state (5, 6, 7, 8).
+	// Two parameters (1, 2), their gradients (3, 4), state (5, 6, 7, 8),
+	// and what a foreach op makes of them (10, 11).
 	for i, b := range []int64{100, 300} {
 		id := trace.TensorID(i + 1)
 		add(id, b, trace.KindParam)
 		add(id+2, b, trace.KindActivation)
 		add(id+4, b, trace.KindOptState)
 		add(id+6, b, trace.KindOptState)
+		add(id+9, b, trace.KindActivation)
 	}
-	add(9, 50, trace.KindActivation)
-	all := int64(400*4 + 50)
 	it := &trace.Iteration{Tensors: ts, Ops: []trace.Op{
-		{Name: "aten::mm", In: []trace.TensorID{1, 2}, Out: []trace.TensorID{9}, Mem: all, DurUS: 10},
-		{Name: "aten::_fused_adamw_", Phase: trace.PhaseOptimizer, In: []trace.TensorID{1, 2, 3, 4, 5, 6, 7, 8}, Mem: all, DurUS: 40},
-		{Name: "aten::add", In: []trace.TensorID{9}, Mem: all},
-		{Name: "aten::zero_", Mem: all - 400}, // the recording frees the gradients here
-		{Name: "aten::add", In: []trace.TensorID{9}, Mem: all - 400},
+		{Name: "aten::mm", In: []trace.TensorID{1, 2}, Mem: 1000, DurUS: 10},
+		{Name: "aten::_foreach_mul", Phase: trace.PhaseOptimizer, In: []trace.TensorID{3, 4}, Out: []trace.TensorID{10, 11}, Mem: 1400, DurUS: 8},
+		{Name: "aten::_fused_adamw_", Phase: trace.PhaseOptimizer, In: []trace.TensorID{1, 2, 3, 4, 5, 6, 7, 8}, Mem: 1400, DurUS: 40},
 	}}
-	s, org := trace.Split(it, nil)
-	require.Len(t, s.Ops, 6)
-	require.Equal(t, []trace.Origin{{0, 1}, {1, 0.25}, {1, 0.75}, {2, 1}, {3, 1}, {4, 1}}, org)
-	require.Equal(t, []trace.TensorID{1, 3, 5, 7}, s.Ops[1].In)
-	require.Equal(t, []trace.TensorID{2, 4, 6, 8}, s.Ops[2].In)
-	require.InDelta(t, 10, s.Ops[1].DurUS, 1e-9)
+	s, org := trace.Split(it)
+	require.Len(t, s.Ops, 5)
+	require.Equal(t, []trace.Origin{{0, 1}, {1, 0.25}, {1, 0.75}, {2, 0.25}, {2, 0.75}}, org)
+	require.Equal(t, []trace.TensorID{3}, s.Ops[1].In)
+	require.Equal(t, []trace.TensorID{10}, s.Ops[1].Out)
+	require.Equal(t, []trace.TensorID{1, 3, 5, 7}, s.Ops[3].In)
+	require.Equal(t, []trace.TensorID{2, 4, 6, 8}, s.Ops[4].In)
+	require.InDelta(t, 10, s.Ops[3].DurUS, 1e-9)
+	require.InDelta(t, 2, s.Ops[1].DurUS, 1e-9)
 	mem := make([]int64, len(s.Ops))
 	for i := range s.Ops {
 		mem[i] = s.Ops[i].Mem
 	}
-	require.Equal(t, []int64{all, all - 100, all - 400, all - 400, all - 400, all - 400}, mem)
-	// A gradient a later iteration reads stays.
-	s, _ = trace.Split(it, func(id trace.TensorID) bool { return id == 4 })
-	require.Equal(t, all-100, s.Ops[2].Mem)
-	require.Equal(t, all-400, s.Ops[4].Mem, "released where the recording releases it")
+	require.Equal(t, []int64{1000, 1100, 1400, 1400, 1400}, mem)
+	require.Equal(t, []int{0, 1, 2, 3, 4}, []int{s.Ops[0].Seq, s.Ops[1].Seq, s.Ops[2].Seq, s.Ops[3].Seq, s.Ops[4].Seq})
+	require.Len(t, it.Ops, 3, "the iteration split is left as it was")
 }
 
 // TestDivideRefuses: ops not made of pieces, and lists that do not agree.
