@@ -61,6 +61,13 @@ func (f *faulty) CopyD2H(dst device.HostBuf, src device.DevPtr, s device.Stream)
 	return f.Device.CopyD2H(dst, src, s)
 }
 
+func (f *faulty) CopyD2D(dst, src device.DevPtr, n int64, s device.Stream) error {
+	if f.fail("CopyD2D") {
+		return errInjected
+	}
+	return f.Device.CopyD2D(dst, src, n, s)
+}
+
 func (f *faulty) NewEvent() (device.Event, error) {
 	if f.fail("NewEvent") {
 		return 0, errInjected
@@ -170,6 +177,106 @@ func TestFaultsLeaveNothingBehind(t *testing.T) {
 				assert.Zero(t, st.DeviceBytes, "device memory left held")
 				assert.Zero(t, st.HostBytes, "pinned memory left held")
 			})
+		}
+	}
+}
+
+// TestFaultsUnderAPolicy injects one fault into the copies, events and
+// waits of the steps where a policy comes into force (parameters and
+// optimizer state relocated to their places, copies on the policy's
+// schedule, recomputes run) and of a STABLE one, under a policy of swaps
+// and under one of recomputes (a slow link): a step that fails names the
+// fault, the host releases what the step made, the next steps run and read
+// every byte as written, and once every tensor is released no device or
+// pinned memory is left held.
+func TestFaultsUnderAPolicy(t *testing.T) {
+	const n, size = 6, 64 << 10
+	limit := int64(n * size * 5)
+	for _, c := range []struct {
+		name string
+		link float64
+	}{{"swaps", 0}, {"recomputes", 20e6}} {
+		start := func(t *testing.T) (*faulty, *host.Device, *stepper) {
+			hd, err := host.New(2 * limit)
+			require.NoError(t, err)
+			t.Cleanup(func() { hd.Close() })
+			dev := &faulty{Device: hd}
+			opts := []chameleon.Option{chameleon.WithMemoryLimit(limit), chameleon.WithDetection(quick()),
+				chameleon.WithSyncPlanning(true), chameleon.WithMinSwapBytes(4096), chameleon.WithMeasuredTimes(false)}
+			if c.link > 0 {
+				opts = append(opts, chameleon.WithLinkBandwidth(c.link))
+			}
+			s := newStepperOn(t, hd, dev, n, size, opts...)
+			s.recompute, s.actX = true, 3
+			return dev, hd, s
+		}
+		// A run with no fault: where the policy comes into force, and what
+		// it does.
+		_, _, s := start(t)
+		first := -1
+		var swaps, recomputes int64
+		for iter := range 10 {
+			r, err := s.step(iter, true)
+			require.NoError(t, err)
+			if first < 0 && r.SwapsOut+r.Recomputes > 0 {
+				first = iter
+			}
+			swaps, recomputes = swaps+r.SwapsOut, recomputes+r.Recomputes
+		}
+		require.GreaterOrEqual(t, first, 1, "%s: a policy came into force", c.name)
+		if c.link > 0 {
+			require.Positive(t, recomputes, "%s: the policy recomputes", c.name)
+		} else {
+			require.Positive(t, swaps, "%s: the policy swaps", c.name)
+		}
+		require.Positive(t, s.eng.Stats().Relocated, "%s: parameters moved to their places", c.name)
+
+		failed := map[string]int{}
+		nths, ats := []int{1, 4, 16}, []int{first - 1, first, first + 3}
+		if policyRace {
+			nths, ats = []int{1}, []int{first} // each case is ten times slower there
+		}
+		for _, method := range []string{"CopyD2H", "CopyH2D", "CopyD2D", "Record", "StreamWait", "NewEvent"} {
+			for _, nth := range nths {
+				for _, at := range ats {
+					t.Run(fmt.Sprintf("%s/%s#%d at step %d", c.name, method, nth, at), func(t *testing.T) {
+						dev, hd, s := start(t)
+						for iter := range at + 4 {
+							if iter == at {
+								dev.arm(method, nth)
+							}
+							_, err := s.step(iter, true)
+							fired := dev.fired
+							dev.arm("", 0)
+							if err != nil {
+								require.True(t, fired, "step %d failed with no fault: %v", iter, err)
+								require.ErrorIs(t, err, errInjected)
+								failed[method]++
+							}
+						}
+						for _, l := range [][]*chameleon.Tensor{s.params, s.m, s.v} {
+							for _, x := range l {
+								s.read(x)
+								require.NoError(t, s.eng.Release(x))
+							}
+						}
+						require.NoError(t, hd.SyncStream(s.eng.ComputeStream()))
+						st := s.eng.Stats()
+						assert.Zero(t, st.DeviceBytes, "device memory left held")
+						assert.Zero(t, st.HostBytes, "pinned memory left held")
+					})
+				}
+			}
+		}
+		t.Logf("%s: steps failed by a fault, by method: %v", c.name, failed)
+		if policyRace {
+			continue
+		}
+		for _, m := range []string{"Record", "NewEvent", "StreamWait"} {
+			assert.Positive(t, failed[m], "%s: no %s fault made a step fail", c.name, m)
+		}
+		if c.link == 0 {
+			assert.Positive(t, failed["CopyD2H"]+failed["CopyH2D"], "%s: no copy fault made a step fail", c.name)
 		}
 	}
 }

@@ -1,12 +1,14 @@
 package chameleon_test
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/chameleon-go/chameleon"
+	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/host"
 )
 
@@ -20,16 +22,29 @@ type stepper struct {
 	params, m, v []*chameleon.Tensor
 	want         map[*chameleon.Tensor][]byte
 	size         int64
+	// recompute: the forward's ops can run again (Op.Recompute).
+	recompute bool
+	// actX: an activation is actX times a parameter's size (0: 1).
+	actX int
+	// made holds the activations of the iteration under way not released
+	// yet: a failed step releases them, as a host's deferred cleanup does.
+	made map[*chameleon.Tensor]bool
 }
 
 func newStepper(t *testing.T, n int, size, limit int64) *stepper {
 	dev, err := host.New(2 * limit)
 	require.NoError(t, err)
 	t.Cleanup(func() { dev.Close() })
-	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(limit), chameleon.WithDetection(quick()))
+	return newStepperOn(t, dev, dev, n, size, chameleon.WithMemoryLimit(limit), chameleon.WithDetection(quick()), chameleon.WithMeasuredTimes(false))
+}
+
+// newStepperOn is a stepper whose Engine runs on on (hd itself, or a
+// device wrapping it), reading and writing bytes through hd.
+func newStepperOn(t *testing.T, hd *host.Device, on device.Device, n int, size int64, opts ...chameleon.Option) *stepper {
+	eng, err := chameleon.New(on, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { eng.Close() })
-	s := &stepper{t: t, dev: dev, eng: eng, want: map[*chameleon.Tensor][]byte{}, size: size}
+	s := &stepper{t: t, dev: hd, eng: eng, want: map[*chameleon.Tensor][]byte{}, size: size, made: map[*chameleon.Tensor]bool{}}
 	for i := range n {
 		for _, l := range []*[]*chameleon.Tensor{&s.params, &s.m, &s.v} {
 			kind := chameleon.Persistent
@@ -71,8 +86,32 @@ func (s *stepper) read(x *chameleon.Tensor) []byte {
 // that makes each gradient, and the optimizer step, in pieces or whole.
 func (s *stepper) step(iter int, pieces bool) (res chameleon.Result, err error) {
 	it := s.eng.Begin()
-	defer func() { res = it.End() }()
+	defer func() {
+		res = it.End()
+		for x := range s.made {
+			if rerr := s.eng.Release(x); rerr != nil && err == nil {
+				err = rerr
+			}
+		}
+		clear(s.made)
+	}()
 	return res, s.ops(it, iter, pieces)
+}
+
+// newAct makes an activation of the iteration under way, x parameters'
+// size.
+func (s *stepper) newAct(x int) (*chameleon.Tensor, error) {
+	a, err := s.eng.NewTensor(s.size*int64(max(x, 1)), chameleon.Activation, "float32", nil)
+	if err == nil {
+		s.made[a] = true
+	}
+	return a, err
+}
+
+// release releases an activation of the iteration under way.
+func (s *stepper) release(a *chameleon.Tensor) error {
+	delete(s.made, a)
+	return s.eng.Release(a)
 }
 
 func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
@@ -80,19 +119,28 @@ func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
 	acts := make([]*chameleon.Tensor, n)
 	for i, p := range s.params {
 		op := &chameleon.Op{Name: "fwd", In: []*chameleon.Tensor{p}}
-		if err := it.Before(op); err != nil {
-			return err
-		}
-		a, err := s.eng.NewTensor(s.size, chameleon.Activation, "float32", nil)
+		a, err := s.newAct(s.actX)
 		if err != nil {
 			return err
 		}
 		op.Out = []*chameleon.Tensor{a}
-		b := s.read(p)
-		for j := range b {
-			b[j] ^= byte(iter)
+		fwd := func() error {
+			b := s.read(p)
+			for j := range b {
+				b[j] ^= byte(iter)
+			}
+			s.write(a, bytes.Repeat(b, max(s.actX, 1)))
+			return nil
 		}
-		s.write(a, b)
+		if s.recompute {
+			op.Recompute = fwd
+		}
+		if err := it.Before(op); err != nil {
+			return err
+		}
+		if err := fwd(); err != nil {
+			return err
+		}
 		acts[i] = a
 		if err := it.After(op); err != nil {
 			return err
@@ -100,16 +148,15 @@ func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
 	}
 	grads := make([]*chameleon.Tensor, n)
 	for i := n - 1; i >= 0; i-- {
-		op := &chameleon.Op{Name: "bwd", In: []*chameleon.Tensor{acts[i]}}
-		if err := it.Before(op); err != nil {
-			return err
-		}
-		g, err := s.eng.NewTensor(s.size, chameleon.Activation, "float32", nil)
+		g, err := s.newAct(1)
 		if err != nil {
 			return err
 		}
-		op.Out = []*chameleon.Tensor{g}
-		b := s.read(acts[i])
+		op := &chameleon.Op{Name: "bwd", In: []*chameleon.Tensor{acts[i]}, Out: []*chameleon.Tensor{g}}
+		if err := it.Before(op); err != nil {
+			return err
+		}
+		b := s.read(acts[i])[:s.size]
 		for j := range b {
 			b[j] = b[j]*3 + 1
 		}
@@ -118,7 +165,7 @@ func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
 		if err := it.After(op); err != nil {
 			return err
 		}
-		if err := s.eng.Release(acts[i]); err != nil {
+		if err := s.release(acts[i]); err != nil {
 			return err
 		}
 	}
@@ -161,7 +208,7 @@ func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
 		}
 	}
 	for _, g := range grads {
-		if err := s.eng.Release(g); err != nil {
+		if err := s.release(g); err != nil {
 			return err
 		}
 	}
