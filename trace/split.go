@@ -23,11 +23,11 @@ import (
 // first (gradients and optimizer state to their parameters) or all of one
 // size (a step counter per parameter). Tensors after the lists that every
 // piece shares hold a number or two (maxSharedBytes); where the trailing
-// tensors are that small, sharing them is tried first. A wrong guess of a larger list
-// count that divides the true one only makes pieces coarser; a guess that
-// would break a true piece apart needs lists of equal sizes at shifted
-// positions, which the element-by-element check refuses unless every
-// tensor has the same size.
+// tensors are that small, sharing them is tried first. A wrong guess of a
+// larger list count that divides the true one only makes pieces coarser;
+// a guess that would break a true piece apart needs lists of equal sizes
+// at shifted positions, which the element-by-element check refuses unless
+// every tensor has the same size.
 
 // Pieces says how one op's tensor lists divide.
 type Pieces struct {
@@ -39,9 +39,9 @@ type Pieces struct {
 
 // pieceRule is the list counts an op name allows.
 type pieceRule struct {
-	prefix         string
-	minLists, maxL int
-	maxShared      int
+	prefix             string
+	minLists, maxLists int
+	maxShared          int
 }
 
 // pieceRules are the ops known to be made of independent pieces, by name
@@ -88,7 +88,7 @@ func Divide(it *Iteration, op *Op) (Pieces, bool) {
 		}
 		return 0
 	}
-	for lists := r.maxL; lists >= r.minLists; lists-- {
+	for lists := r.maxLists; lists >= r.minLists; lists-- {
 		for shared := r.maxShared; shared >= 0; shared-- {
 			head := len(op.In) - shared
 			if head < 2*lists || head%lists != 0 || !scalars(op.In[max(head, 0):], bytes) {
