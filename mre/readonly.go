@@ -19,17 +19,23 @@ import (
 // as written.
 func Writes(it *trace.Iteration, t int, id trace.TensorID) bool {
 	op := &it.Ops[t]
-	name := op.Name
-	if _, n, ok := strings.Cut(name, "::"); ok {
-		name = n
-	}
-	if strings.HasSuffix(name, "_") || op.Overload == "out" || strings.HasPrefix(op.Overload, "out_") {
+	if InPlace(op) {
 		return slices.Contains(op.Out, id) || slices.Contains(op.In, id)
 	}
 	if !slices.Contains(op.Out, id) {
 		return false
 	}
 	return layer.Classify(it, op) != layer.KindView
+}
+
+// InPlace reports whether op writes in place (a name ending in "_", an
+// "out" overload): it may write any tensor it lists (Writes).
+func InPlace(op *trace.Op) bool {
+	name := op.Name
+	if _, n, ok := strings.Cut(name, "::"); ok {
+		name = n
+	}
+	return strings.HasSuffix(name, "_") || op.Overload == "out" || strings.HasPrefix(op.Overload, "out_")
 }
 
 // MarkReadOnly sets NoCopyOut on every swap whose tensor's host copy is

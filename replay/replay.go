@@ -612,10 +612,14 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		// outputs for the Engine, as a host lists them, and get a fresh
 		// pattern: a host copy kept of one from before is stale.
 		inplace = inplace[:0]
-		if !view {
+		if !view && mre.InPlace(o) {
+			listed := make(map[trace.TensorID]bool, len(o.Out))
+			for _, id := range o.Out {
+				listed[id] = true
+			}
 			for _, id := range o.In {
-				if tt := it.Tensors[id]; tt.Kind.Persistent() && !tt.Frozen && !slices.Contains(o.Out, id) &&
-					!slices.Contains(inplace, id) && mre.Writes(it, i, id) {
+				if tt := it.Tensors[id]; tt.Kind.Persistent() && !tt.Frozen && !listed[id] {
+					listed[id] = true
 					inplace = append(inplace, id)
 					op.Out = append(op.Out, r.tensors[id].t)
 				}
