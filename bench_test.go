@@ -236,6 +236,19 @@ func BenchmarkPlanMake(b *testing.B) {
 	b.ReportMetric(float64(len(r.Swaps())), "swaps")
 }
 
+// BenchmarkSplit is trace.Split of llama16's iteration 1: its fused AdamW
+// step of 735 tensors divided into 147 pieces, the rest copied.
+func BenchmarkSplit(b *testing.B) {
+	tr := benchTrace(b, "llama16-bf16.jsonl.gz")
+	it := tr.Iterations[min(1, len(tr.Iterations)-1)]
+	b.ReportAllocs()
+	var s *trace.Iteration
+	for b.Loop() {
+		s, _ = trace.Split(it)
+	}
+	b.ReportMetric(float64(len(s.Ops)-len(it.Ops)), "ops_added")
+}
+
 // BenchmarkForcedEviction is the host time of a forced eviction when most
 // tensors are off the device: N tensors of 4 KiB made one after another
 // under a 1 MiB limit, each that does not fit pushing an idle one out
