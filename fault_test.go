@@ -224,9 +224,15 @@ func TestFaultsUnderAPolicy(t *testing.T) {
 			swaps, recomputes = swaps+r.SwapsOut, recomputes+r.Recomputes
 		}
 		require.GreaterOrEqual(t, first, 1, "%s: a policy came into force", c.name)
-		if c.link > 0 {
+		t.Logf("%s: %d swaps, %d recomputes in 10 steps, the policy in force from step %d", c.name, swaps, recomputes, first)
+		switch {
+		case policyRace:
+			// The warm-up's evictions, which the profile records, follow
+			// the detector's scheduling: the policy may differ.
+			require.Positive(t, swaps+recomputes, "%s: the policy moves something", c.name)
+		case c.link > 0:
 			require.Positive(t, recomputes, "%s: the policy recomputes", c.name)
-		} else {
+		default:
 			require.Positive(t, swaps, "%s: the policy swaps", c.name)
 		}
 		require.Positive(t, s.eng.Stats().Relocated, "%s: parameters moved to their places", c.name)
