@@ -30,9 +30,9 @@ type Piece struct {
 // the same pieces in the same order every iteration for the Engine to see
 // the same op sequence.
 //
-// The first error stops the op: from Before or After of a piece (wrapped
-// with the piece), or from run, after which the piece's After is not
-// called and the iteration must End.
+// No pieces: nothing runs. The first error stops the op: from Before or
+// After of a piece (wrapped with the piece), or from run, after which the
+// piece's After is not called and the iteration must End.
 func (it *Iteration) Pieces(op *Op, pieces []Piece, run func(i int) error) error {
 	if op.Recompute != nil {
 		return fmt.Errorf("chameleon: op %s in %d pieces: a piece has no Recompute", op.Name, len(pieces))
