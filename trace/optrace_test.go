@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -318,6 +319,17 @@ func FuzzRead(f *testing.F) {
 	f.Add([]byte(hdr + t0 + opOf(0, "") + endOf(0, `,"wall_ms":-7.3e306,"uninstrumented_ms":1e300`) + foot))
 	f.Add([]byte(hdr + t0 + opOf(0, `,"dur_us":1e308,"flops":-1e300,"io_bytes":1e300`) + endOf(0, "") + foot))
 	f.Add([]byte(hdr + t0 + opOf(0, `,"flops":1e300`) + endOf(0, "") + `{"type":"footer","uninstrumented_iter_ms":[-1,1e300]}` + "\n"))
+	// An optimizer step made of pieces, for Split: two parameters, their
+	// gradients and two states each.
+	pieces := hdr
+	for id, b := range []int{64, 32, 64, 32, 64, 32, 64, 32} {
+		kind := [...]string{"param", "act", "opt", "opt"}[id/2]
+		pieces += fmt.Sprintf(`{"type":"tensor","id":%d,"bytes":%d,"kind":"%s"}`, id, b, kind) + "\n"
+	}
+	pieces += `{"type":"op","iter":0,"seq":0,"name":"aten::_foreach_add_","phase":"opt","in":[2,3,4,5],"mem":384}` + "\n" +
+		`{"type":"op","iter":0,"seq":1,"name":"aten::_fused_adamw_","phase":"opt","in":[0,1,2,3,4,5,6,7],"mem":384}` + "\n" +
+		`{"type":"iter_end","iter":0,"ops":2}` + "\n" + `{"type":"footer"}` + "\n"
+	f.Add([]byte(pieces))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := trace.Read(bytes.NewReader(data), "fuzz")
 		if err != nil {
@@ -357,6 +369,30 @@ func FuzzRead(f *testing.F) {
 					if tt.Bytes < 0 || tt.Bytes > trace.MaxBytes || len(tt.Shape) > trace.MaxShapeDims || tt.Line < 2 || tt.Line >= op.Line {
 						t.Fatalf("tensor %d: %d bytes, %d dims, line %d (op at line %d)", id, tt.Bytes, len(tt.Shape), tt.Line, op.Line)
 					}
+				}
+			}
+		}
+		// What a file makes of Split: each op's pieces in order, their
+		// shares adding up to one, the curve within the recording's.
+		split, origins := trace.SplitTrace(tr)
+		for k, it := range split.Iterations {
+			orig := tr.Iterations[k]
+			if len(origins[k]) != len(it.Ops) {
+				t.Fatalf("iteration %d: %d origins for %d ops", k, len(origins[k]), len(it.Ops))
+			}
+			share := make([]float64, len(orig.Ops))
+			for j, o := range origins[k] {
+				if it.Ops[j].Seq != j || o.Op < 0 || o.Op >= len(orig.Ops) || (j > 0 && o.Op < origins[k][j-1].Op) {
+					t.Fatalf("iteration %d: op %d (seq %d) from op %d", k, j, it.Ops[j].Seq, o.Op)
+				}
+				if it.Ops[j].Mem > max(orig.Ops[o.Op].Mem, 0) && orig.HasMem() {
+					t.Fatalf("iteration %d: op %d: curve %d over the recording's %d", k, j, it.Ops[j].Mem, orig.Ops[o.Op].Mem)
+				}
+				share[o.Op] += o.Share
+			}
+			for i, sh := range share {
+				if math.Abs(sh-1) > 1e-6 {
+					t.Fatalf("iteration %d: op %d split into shares adding to %g", k, i, sh)
 				}
 			}
 		}
