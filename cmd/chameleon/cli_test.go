@@ -60,6 +60,8 @@ func TestFlagsCheckedBeforeWork(t *testing.T) {
 		want string
 	}{
 		{[]string{"plan", "--trace", missing, "--limit", "90"}, "did you mean 90%?"},
+		{[]string{"plan", "--trace", missing, "--limit", "0.9"}, "did you mean 90%, 0.9 of the peak?"},
+		{[]string{"plan", "--trace", missing, "--limit", "0.07"}, "did you mean 7%, 0.07 of the peak?"},
 		{[]string{"replay", "--trace", missing, "--limit", "80"}, "did you mean 80%?"},
 		{[]string{"plan", "--trace", missing, "--limit", "0"}, "no unit"},
 		{[]string{"plan", "--trace", missing, "--limit", "0%"}, "above 0%"},

@@ -316,7 +316,11 @@ func parseLimit(s string, peak int64) (int64, error) {
 		return 0, usagef("--limit %q: a size cannot be negative", s)
 	}
 	if v, err := strconv.ParseFloat(s, 64); err == nil {
-		if v > 0 && v <= 100 {
+		if v > 0 && v < 1 {
+			// A fraction of the peak: 0.9 is 90%.
+			return 0, usagef("--limit %q has no unit: did you mean %s%%, %s of the peak? (bytes need a unit: %sGiB, %sB)", s, strconv.FormatFloat(math.Round(v*1e6)/1e4, 'f', -1, 64), s, s, s)
+		}
+		if v >= 1 && v <= 100 {
 			return 0, usagef("--limit %q has no unit: did you mean %s%%? (bytes need a unit: %sGiB, %sGB, %sB)", s, s, s, s, s)
 		}
 		return 0, usagef("--limit %q has no unit: give a share of the peak (80%%) or bytes with a unit (%sB, 12GiB)", s, s)

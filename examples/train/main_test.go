@@ -26,6 +26,7 @@ func TestCommandLine(t *testing.T) {
 	}{
 		{[]string{"--limit", "abc"}, `--limit "abc"`},
 		{[]string{"--limit", "90"}, "did you mean 90%?"},
+		{[]string{"--limit", "0.5"}, "did you mean 50%, 0.5 of the peak?"},
 		{[]string{"--limit", "0"}, "none runs only without a limit"},
 		{[]string{"--limit", "0%"}, "above 0%"},
 		{[]string{"--limit", "150%"}, "above 100%"},

@@ -50,6 +50,9 @@ func ParseLimit(s string, peak int64) (int64, error) {
 		switch {
 		case v == 0:
 			return 0, Usagef("--limit %q holds nothing: none runs only without a limit", s)
+		case v > 0 && v < 1:
+			// A fraction of the peak: 0.5 is 50%.
+			return 0, Usagef("--limit %q has no unit: did you mean %s%%, %s of the peak? (bytes need a unit: %sMiB, %sB)", s, strconv.FormatFloat(math.Round(v*1e6)/1e4, 'f', -1, 64), s, s, s)
 		case v <= 100:
 			return 0, Usagef("--limit %q has no unit: did you mean %s%%? (bytes need a unit: %sMiB, %sB)", s, s, s, s)
 		}
