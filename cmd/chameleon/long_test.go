@@ -173,3 +173,34 @@ func TestFourTimesTheBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestFusedStepAtEightyPercent: the GPU matrix's qwen2-7b-8l row at 80%,
+// replayed timed on the host at the GPU's proportions, fails where the H200
+// fails: its fused AdamW step lists 16.6 of the 17.4 GB limit, and the
+// swap-in of one more of its tensors finds no free block large enough.
+// Run in pieces (--split), the same replay reaches STABLE with no forced
+// eviction and no on-demand swap-in.
+func TestFusedStepAtEightyPercent(t *testing.T) {
+	if raceEnabled {
+		t.Skip("timed replays under the race detector measure the detector")
+	}
+	tr := "../../testdata/qwen2-7b-8l"
+	base := []string{"replay", "--timing", "--quiet", "--json", "--trace", tr + ".jsonl.gz", "--kernels", tr + ".kernels.json.gz",
+		"--limit", "80%", "--scale", "256", "--rounds", "4"}
+	var out, errb bytes.Buffer
+	require.Equal(t, 1, runMain(base, &out, &errb), "the step whole runs out of device memory, as on the H200")
+	assert.Contains(t, errb.String(), "(aten::_fused_adamw_)")
+	assert.Contains(t, errb.String(), "out of device memory")
+
+	var rep replayJSON
+	runJSON(t, 0, &rep, append(base, "--split")...)
+	stable := 0
+	for _, x := range rep.PerIteration {
+		if x.Stage == "STABLE" {
+			stable++
+			assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
+			assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
+		}
+	}
+	assert.GreaterOrEqual(t, stable, 3)
+}
