@@ -31,6 +31,13 @@ type ChromeTracks struct {
 // with three threads, compute (its stalls on it), d2h and h2d (see
 // ChromeEvents).
 func (r *Result) WriteChromeTrace(w io.Writer, names []string, swaps []Swap, rcs ...Recompute) error {
+	return r.WriteChromeTraceWith(w, names, swaps, rcs, nil)
+}
+
+// WriteChromeTraceWith is WriteChromeTrace with the events more hands its
+// emit after the timeline's (a counter track on the same clock); more nil:
+// none.
+func (r *Result) WriteChromeTraceWith(w io.Writer, names []string, swaps []Swap, rcs []Recompute, more func(emit func(ChromeEvent) error) error) error {
 	bw := bufio.NewWriter(w)
 	if _, err := bw.WriteString("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"); err != nil {
 		return err
@@ -53,6 +60,11 @@ func (r *Result) WriteChromeTrace(w io.Writer, names []string, swaps []Swap, rcs
 	}
 	if err := r.ChromeEvents(ChromeTracks{PID: 1, Compute: 1, Stalls: 1, D2H: 2, H2D: 3}, names, swaps, rcs, emit); err != nil {
 		return err
+	}
+	if more != nil {
+		if err := more(emit); err != nil {
+			return err
+		}
 	}
 	if _, err := bw.WriteString("\n]}\n"); err != nil {
 		return err

@@ -91,7 +91,7 @@ func Divide(it *Iteration, op *Op) (Pieces, bool) {
 	for lists := r.maxLists; lists >= r.minLists; lists-- {
 		for shared := r.maxShared; shared >= 0; shared-- {
 			head := len(op.In) - shared
-			if head < 2*lists || head%lists != 0 || !scalars(op.In[max(head, 0):], bytes) {
+			if head < 2*lists || head%lists != 0 || !scalars(op.In[head:], bytes) {
 				continue
 			}
 			p := Pieces{N: head / lists, Lists: lists, Shared: shared}
@@ -235,18 +235,21 @@ func Split(it *Iteration) (*Iteration, []Origin) {
 		}
 		var total float64
 		sizes := make([]float64, p.N)
+		ins, outs := make([][]TensorID, p.N), make([][]TensorID, p.N)
 		for k := range p.N {
-			in, o := p.Piece(&op, k)
-			for _, id := range append(in, o...) {
-				if t := it.Tensors[id]; t != nil {
-					sizes[k] += float64(t.Bytes)
+			ins[k], outs[k] = p.Piece(&op, k)
+			for _, ids := range [][]TensorID{ins[k], outs[k]} {
+				for _, id := range ids {
+					if t := it.Tensors[id]; t != nil {
+						sizes[k] += float64(t.Bytes)
+					}
 				}
 			}
 			total += sizes[k]
 		}
 		var done float64
 		for k := range p.N {
-			in, o := p.Piece(&op, k)
+			in, o := ins[k], outs[k]
 			share := 1 / float64(p.N)
 			if total > 0 {
 				share = sizes[k] / total
