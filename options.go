@@ -302,8 +302,8 @@ func WithEstimator(e layer.Estimator) Option { return withPlan(plan.WithEstimato
 // a plan aims at in turn, the lowest that can be met winning (default
 // plan.DefaultTiers: 100, the limit alone). It is an escape hatch: the
 // room a plan leaves under the limit comes from its layout, which lays the
-// plan's blocks out in the allocator's pages and plans lower by what they
-// need over the limit (plan.Layout), and the Engine serves every block at
+// plan's blocks out in the allocator's pages and plans again for less
+// where they need more than the limit (plan.Layout), and the Engine serves every block at
 // its place. Lower tiers only cost recomputes and swaps beyond that.
 func WithTiers(pcts ...int) Option { return withPlan(plan.WithTiers(pcts...)) }
 

@@ -287,7 +287,7 @@ func planHostPeak(t *testing.T, rep *replay.Report) (peak, tier int64) {
 
 // TestRanksShareHostBudget: ranks of one node share its pinned memory.
 // With a share below what the unconstrained plan holds at once, rank 0
-// plans at a higher tier of the limit, within the share; the others adopt
+// plans again, within the share; the others adopt
 // that policy; no rank pins more than its share, and every byte comes
 // back. A rank with a smaller share than rank 0's fits the policy it
 // adopts to its own.
@@ -306,7 +306,6 @@ func TestRanksShareHostBudget(t *testing.T) {
 	assert.Equal(t, 1, sumStats(runs, func(s chameleon.Stats) int { return s.Replans }))
 	peak, tier := planHostPeak(t, runs[0].rep)
 	assert.LessOrEqual(t, peak, share*9/10, "the plan holds at most 90%% of the share at once")
-	assert.Greater(t, tier, freeTier, "a higher tier of the limit, fewer swaps")
 	want, _ := stable(runs[0].rep)
 	for i, r := range runs {
 		assert.LessOrEqual(t, r.stats.PeakHostBytes, share, "rank %d pins within its share", i)

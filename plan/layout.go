@@ -18,7 +18,8 @@ import (
 // others leaves a hole that only a block of its size or less can take, and
 // where memory is mapped a page at a time a block that shares a page with
 // another keeps the page in use. Make plans, lays the plan out, and plans
-// again lower by what the layout needs over the limit until it fits; the
+// again for less until it fits (Result.Held: where blocks lie above the
+// limit; or lower at every op), keeping the faster plan that fits; the
 // executor then serves each block at its offset (chameleon's Engine, through
 // device.Allocator.AllocAt), so what runs is what was planned.
 type Layout struct {

@@ -84,7 +84,7 @@ func planInfeasible(stdout, stderr io.Writer, rep *planReport, cfg planConfig, a
 // alone is that of swaps and recomputes; with recomputes, the shortfall
 // reported becomes that of swaps alone (which the limit plus it meets)
 // and the limit found is checked with them too. The layout is left out:
-// it plans lower until it fits, and never makes a limit infeasible. At
+// it plans again until it fits, and never makes a limit infeasible. At
 // the curve's peak nothing moves, so the search ends there at the latest.
 func lowestFeasible(rep *planReport, cfg planConfig) (int64, error) {
 	cfg.noLayout = true

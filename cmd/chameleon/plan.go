@@ -137,6 +137,11 @@ type planReport struct {
 	// PlannedBytes is what the plan was made for: the limit, or lower where
 	// the plan's blocks, laid out in device memory, did not fit it (Layout).
 	PlannedBytes int64 `json:"planned_limit_bytes"`
+	// HeldBytes and HeldOps: where the plan's blocks did not fit, the
+	// most bytes the plan keeps free below PlannedBytes at one op, and at
+	// how many ops it keeps some (plan.Result.Held); 0 when none.
+	HeldBytes int64 `json:"held_bytes"`
+	HeldOps   int   `json:"held_ops"`
 	// Layout is where the plan's blocks go (absent with --layout=false).
 	Layout     *layoutReport `json:"layout,omitempty"`
 	Groups     int           `json:"groups"`
@@ -281,7 +286,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	prefetch := fs.Int("prefetch", mre.DefaultPrefetchLayers, "swap-in trigger, in logical layers ahead of the next use (0 or more)")
 	margin := fs.Float64("margin", 0, "safety margin on copy times (0.15 for Ascend-like devices)")
 	recompute := fs.Bool("recompute", true, "drop tensors of ops that can run again (no random numbers, no in-place writes) and recompute them before their next use, beside swaps; --recompute=false plans swaps alone")
-	layout := fs.Bool("layout", true, "lay the plan's blocks out in device memory and plan lower until they fit, as the Engine does; --layout=false plans for the byte count alone")
+	layout := fs.Bool("layout", true, "lay the plan's blocks out in device memory and plan again for less until they fit, as the Engine does; --layout=false plans for the byte count alone")
 	page := fs.String("page", "", "the page the layout counts in, a power of two with a unit (2MiB); default CUDA's for the limit, 2 to 16 MiB")
 	bounds := fs.String("boundaries", "", "layer boundaries by hand: op seq numbers (`120,240,360`) or a module-path pattern (model.layers.*); replaces --grouping and --groups")
 	tiers := fs.String("tiers", "", "shares of the limit planned for in turn, in percent (default the Engine's: 100, the limit alone, lowered by the layout as needed); an escape hatch")
@@ -507,6 +512,12 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.policy, rep.sim = pol, res.Exec
 	rep.Feasible = true
 	rep.PlannedBytes = res.Planned
+	for _, h := range res.Held {
+		if h > 0 {
+			rep.HeldBytes = max(rep.HeldBytes, h)
+			rep.HeldOps++
+		}
+	}
 	if l := res.Layout; l != nil {
 		rep.Layout = &layoutReport{PageBytes: l.Page, NeedBytes: l.Need(), TouchedPages: l.Touched, MostPages: l.Most,
 			Blocks: len(l.Blocks), Fits: l.Fits(), Replans: res.Tries}
@@ -561,7 +572,11 @@ func printPlan(w io.Writer, r *planReport) {
 		}
 		return
 	}
-	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)\n", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
+	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
+	if r.HeldOps > 0 {
+		fmt.Fprintf(w, ", less up to %s at %d of %d ops for the layout", fmtBytes(r.HeldBytes), r.HeldOps, r.Ops)
+	}
+	fmt.Fprintln(w)
 	if l := r.Layout; l != nil {
 		fits := "fits"
 		if !l.Fits {

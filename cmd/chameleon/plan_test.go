@@ -421,7 +421,7 @@ func planDoc(rows []row) string {
 }
 
 // TestRecomputeTargets holds the default plans (swap and recompute
-// together, laid out in CUDA's pages and planned lower until the layout
+// together, laid out in CUDA's pages and planned again until the layout
 // fits) to their simulated overheads at activation checkpointing's own peak
 // and at deeper cuts, and each plan for the byte count alone
 // (--layout=false) to the planner's quality there. The figures are
@@ -691,8 +691,10 @@ between a swap's two uses touches the tensor.
 
 - planned for: the limit the plan was made for. The planning path lays the plan's blocks out in
   device memory (` + "`plan.Layout`" + `: greedy by size into CUDA's pages for the limit, 2-16 MiB) and, while
-  the pages they touch exceed the limit, plans again lower by the excess, then halfway between a
-  limit that fits and one that does not; the Engine serves every block at its offset. Swaps alone
+  the pages they touch exceed the limit, plans again two ways and keeps the faster plan that fits:
+  for less at each op by the bytes its blocks then hold above the limit (the "planned for" column
+  does not show this), and lower at every op by the excess, then halfway between a limit that fits
+  and one that does not; the Engine serves every block at its offset. Swaps alone
   here (` + "`--recompute=false`" + `); the default plans swap and recompute together (the second table).
 - overhead: simulated iteration time over the op times alone, for that plan. The simulated copy
   engines serve, among the copies issued, the one whose op waits first;

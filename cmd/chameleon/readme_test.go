@@ -66,7 +66,7 @@ func TestREADMEPlanFigures(t *testing.T) {
 		{`; (\S+) for the byte count alone`, cell(hybrid, "llama16-bf16@45%", 3)},
 		{`the rest\), (\S+) at 80%;`, cell(hybrid, "llama16-bf16@80%", 8)},
 		{`llama16-lora (\S+) at 45%;`, cell(hybrid, "llama16-lora@45%", 8)},
-		{`llama7b-8l at 60% (\S+), its layout not fitting`, cell(hybrid, "llama7b-8l-bf16@60%", 8)},
+		{`llama7b-8l at 60% (\S+), its layout fitting`, cell(hybrid, "llama7b-8l-bf16@60%", 8)},
 		{`\(llama16-bf16 at 80%: (\S+), bound`, cell(swapsAlone, "llama16-bf16@80%", 4)},
 		{`at 80%: \S+, bound (\S+);`, cell(swapsAlone, "llama16-bf16@80%", 5)},
 		{`; swap-all (\S+)\)`, pct(cell(swapsAlone, "llama16-bf16@80%", 6))},
