@@ -177,11 +177,14 @@ func TestFourTimesTheBatch(t *testing.T) {
 }
 
 // TestFusedStepAtEightyPercent: the GPU matrix's qwen2-7b-8l row at 80%,
-// replayed timed on the host at the GPU's proportions, fails where the H200
-// fails: its fused AdamW step lists 16.6 of the 17.4 GB limit, and the
-// swap-in of one more of its tensors finds no free block large enough.
-// Run in pieces (--split), the same replay reaches STABLE with no forced
-// eviction and no on-demand swap-in.
+// whose fused AdamW step lists 16.6 of the 17.4 GB limit, replayed timed on
+// the host at the GPU's proportions with the step in pieces (--split),
+// reaches STABLE with no forced eviction and no on-demand swap-in. (The
+// step whole ran out of device memory at it on the H200 up to 2a593f6, in
+// planned iterations whose layout did not fit; from 0db9749 the plan's
+// layout fits and the H200 runs the row whole. The host replay of the step
+// whole still runs out of memory there, in a warm-up iteration, before any
+// plan: the host's warm-up, which swaps on demand, is not the GPU's.)
 func TestFusedStepAtEightyPercent(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timed replays under the race detector measure the detector")
@@ -189,11 +192,6 @@ func TestFusedStepAtEightyPercent(t *testing.T) {
 	tr := "../../testdata/qwen2-7b-8l"
 	base := []string{"replay", "--timing", "--quiet", "--json", "--trace", tr + ".jsonl.gz", "--kernels", tr + ".kernels.json.gz",
 		"--limit", "80%", "--scale", "256", "--rounds", "4"}
-	var out, errb bytes.Buffer
-	require.Equal(t, 1, runMain(base, &out, &errb), "the step whole runs out of device memory, as on the H200")
-	assert.Contains(t, errb.String(), "(aten::_fused_adamw_)")
-	assert.Contains(t, errb.String(), "out of device memory")
-
 	var rep replayJSON
 	runJSON(t, 0, &rep, append(base, "--split")...)
 	stable := 0
