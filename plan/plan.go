@@ -259,11 +259,12 @@ func (r *Result) simulate(cfg config, observed bool) error {
 }
 
 // fit lays r's plan out (Layout) and, while its blocks need more memory
-// than the budget, plans again until they fit in two ways: for less where
-// they do not fit (fitOps) and for less everywhere (fitLower). It keeps the
-// plan that fits and runs fastest (the first by more than a heldEdge-th)
-// or, when none fits, the one that needs the least over the budget, which the executor
-// still runs, with what does not fit served by its allocator's best fit.
+// than the budget, plans again until they fit, two ways: for less where
+// they do not fit (fitOps) and for less everywhere (fitLower). It keeps
+// the plan that fits and runs fastest (the first only when faster by more
+// than a heldEdge-th) or, when none fits, the one that needs the least
+// over the budget, which the executor still runs, with what does not fit
+// served by its allocator's best fit.
 func (r *Result) fit(cfg config, limit int64, planAt func(int64, []int64) (*mre.Policy, error)) error {
 	budget := cfg.budget
 	if budget == 0 {
@@ -317,14 +318,13 @@ const heldEdge = 16
 // at each op, the bytes of the blocks then in use that lie above the
 // budget, at most what the layout needs over it, are held back from the
 // limit there (Result.Held), added to what earlier tries held, for up to
-// layoutTries plans. Where a fragmented layout needs pages is mostly where
-// large blocks meet, not everywhere: on llama16-bf16 at a quarter of its
-// peak a plan whose layout fits this way runs 216.5 ms against 383.7 ms for
-// the same limit lowered at every op (development machine, kernel times).
-// Where a try is more than the planner can meet, it holds back
-// nothing more over the ops around the op the planner names, four times as
-// many ops each time. It returns
-// the fastest plan that fits, else the one the least over.
+// 2*layoutTries plans. What a fragmented layout needs beyond the budget
+// differs from op to op: on llama16-bf16 at a quarter of its peak, a plan
+// whose layout fits this way simulates 216.5 ms against 383.7 ms for the
+// limit lowered at every op (kernel times). Where a try holds back more
+// than the planner can meet, it holds back nothing more over the ops
+// around the op the planner names, four times as many ops each time. It
+// returns the fastest plan that fits, else the one the least over.
 func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int64) (*mre.Policy, error)) (Result, error) {
 	n := len(r.Curve)
 	best := *r
