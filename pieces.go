@@ -15,7 +15,9 @@ type Piece struct {
 // of tensors whose elements do not depend on each other (a fused or
 // _foreach_ optimizer step, a multi-tensor copy, the zeroing of gradients)
 // or along a dimension no piece reads across (a loss over the logits,
-// computed a chunk of the batch at a time). Run whole, such an op needs
+// computed a chunk of the batch at a time, each chunk's logits a tensor of
+// its own: a piece lists whole tensors, and a piece's memory is that of
+// the tensors it lists). Run whole, such an op needs
 // every tensor it lists resident at once, which sets a floor under any
 // plan (every parameter, gradient and optimizer state in a fused step);
 // in pieces, only one piece's are, and the planner plans the pieces as
