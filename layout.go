@@ -34,6 +34,12 @@ type policyLayout struct {
 	// begins, and its size: a parameter or optimizer state elsewhere is
 	// moved there.
 	entry map[trace.TensorID]spot
+	// byAddr is blocks by address, with ends[i] the highest end of
+	// byAddr[:i+1]; atStart the offsets of the blocks in use when the
+	// iteration begins, with their sizes (clearLayout).
+	byAddr  []place.Placed
+	ends    []int64
+	atStart map[int64]int64
 }
 
 type spot struct{ off, size int64 }
@@ -99,6 +105,18 @@ func newPolicyLayout(l *plan.Layout, nswaps, nrcs int) *policyLayout {
 			}
 		case plan.Remade:
 			pl.remade[remadeKey{b.Tensor, b.Op}] = b.Off
+		}
+	}
+	pl.byAddr = slices.Clone(pl.blocks)
+	slices.SortFunc(pl.byAddr, func(x, y place.Placed) int { return cmp.Compare(x.Addr, y.Addr) })
+	pl.ends = make([]int64, len(pl.byAddr))
+	pl.atStart = map[int64]int64{}
+	var hi int64
+	for i, b := range pl.byAddr {
+		hi = max(hi, int64(b.Addr)+b.Size)
+		pl.ends[i] = hi
+		if b.Life.IV[0].From == 0 || b.Life.N == 2 && b.Life.IV[1].From == 0 {
+			pl.atStart[int64(b.Addr)] = max(pl.atStart[int64(b.Addr)], b.Size)
 		}
 	}
 	// An op's outputs are counted by size, in the order the op made them
@@ -170,7 +188,15 @@ func (e *Engine) follow(p *policy) error {
 		e.offLayout = 0
 	}
 	if lay == e.following {
-		return nil
+		if lay == nil {
+			return nil
+		}
+		// What could not move to its place at the layout's first
+		// iteration (a place then taken) may move now.
+		if err := e.relocate(lay); err != nil {
+			return err
+		}
+		return e.clearLayout(lay)
 	}
 	e.following = lay
 	if lay == nil {
@@ -178,7 +204,47 @@ func (e *Engine) follow(p *policy) error {
 		return nil
 	}
 	e.alloc.Follow(lay.blocks)
-	return e.relocate(lay)
+	if err := e.relocate(lay); err != nil {
+		return err
+	}
+	return e.clearLayout(lay)
+}
+
+// clearLayout moves, at the start of an iteration that follows lay, each
+// activation the host still holds from an iteration before that lies on a
+// block of lay without being in a block lay has in use at the start, off
+// lay's pages (where there is room). The layout gave it a place for the
+// life the profiled iteration saw; held longer (a host keeps a value a step
+// longer than in the step profiled), it takes the place of every block
+// planned over it, iteration after iteration: on the host replay of
+// llama16-bf16 at a quarter of its peak, one 128-byte value took the place
+// of 70 blocks a step.
+func (e *Engine) clearLayout(lay *policyLayout) error {
+	if len(lay.byAddr) == 0 {
+		return nil
+	}
+	for _, t := range e.live {
+		if t.kind.persistent() || t.released || t.state != resident || t.ptr == 0 {
+			continue
+		}
+		off, ok := e.alloc.Offset(t.ptr)
+		if !ok {
+			continue
+		}
+		if size, ok := lay.atStart[off]; ok && size >= memory.RoundBytes(t.size) {
+			continue
+		}
+		// The blocks that begin before its end: one reaching past off
+		// overlaps it.
+		i, _ := slices.BinarySearchFunc(lay.byAddr, off+t.size, func(b place.Placed, x int64) int { return cmp.Compare(int64(b.Addr), x) })
+		if i == 0 || lay.ends[i-1] <= off {
+			continue
+		}
+		if _, err := e.move(t, -1); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // relocate moves each resident parameter and optimizer state to where lay
