@@ -419,10 +419,6 @@ type executor struct {
 	following          *policyLayout
 	placedAt, missedAt int64
 	offLayout          int
-	// unmoved are the parameters and optimizer state whose place in the
-	// layout followed was taken when they were to move there: tried again
-	// at each iteration's start.
-	unmoved []*Tensor
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
 	prefetches prefetchQueue

@@ -191,12 +191,10 @@ func (e *Engine) follow(p *policy) error {
 		if lay == nil {
 			return nil
 		}
-		// What could not move to its place when the layout began (a
-		// place then taken) may move now.
-		if len(e.unmoved) > 0 {
-			if err := e.relocate(lay, slices.Clone(e.unmoved)); err != nil {
-				return err
-			}
+		// What could not move to its place at the layout's first
+		// iteration (a place then taken) may move now.
+		if err := e.relocate(lay); err != nil {
+			return err
 		}
 		return e.clearLayout(lay)
 	}
@@ -206,7 +204,7 @@ func (e *Engine) follow(p *policy) error {
 		return nil
 	}
 	e.alloc.Follow(lay.blocks)
-	if err := e.relocate(lay, e.live); err != nil {
+	if err := e.relocate(lay); err != nil {
 		return err
 	}
 	return e.clearLayout(lay)
@@ -255,15 +253,13 @@ func (e *Engine) clearLayout(lay *policyLayout) error {
 // behind it). Where a tensor's place is taken by others still to move (the
 // places of a new layout cross the old ones), those that could not move
 // first go off the layout's pages, then each to its place. One whose place
-// stays taken stays where it is (e.unmoved), the blocks planned over it
-// served elsewhere, and is tried again at the next iteration's start. It
-// looks at the tensors of ts.
-func (e *Engine) relocate(lay *policyLayout, ts []*Tensor) error {
+// stays taken stays where it is, and the blocks planned over it are served
+// elsewhere.
+func (e *Engine) relocate(lay *policyLayout) error {
 	var blocked []*Tensor
-	e.unmoved = e.unmoved[:0]
 	for pass := 0; pass < 3; pass++ {
 		blocked = blocked[:0]
-		for _, t := range ts {
+		for _, t := range e.live {
 			at, ok := lay.entry[t.id]
 			off := at.off
 			if !ok || at.size != memory.RoundBytes(t.size) || !t.kind.persistent() || t.released || t.state != resident || t.ptr == 0 {
@@ -281,7 +277,6 @@ func (e *Engine) relocate(lay *policyLayout, ts []*Tensor) error {
 			}
 		}
 		if len(blocked) == 0 || pass > 0 {
-			e.unmoved = append(e.unmoved, blocked...)
 			break
 		}
 		// Out of the way, off the layout's pages, then to their places.
