@@ -170,8 +170,10 @@ func at(offs []int64, k int) int64 {
 const layoutGiveUp = 10
 
 // follow points the allocator at the layout of the policy in force, or at
-// none, and moves the parameters and optimizer state resident elsewhere
-// than the layout has them to their places.
+// none, and, at each iteration's start while it follows one, moves the
+// parameters and optimizer state resident elsewhere than the layout has
+// them to their places (relocate) and what the host holds over the
+// layout's blocks off them (clearLayout).
 func (e *Engine) follow(p *policy) error {
 	var lay *policyLayout
 	if p != nil {
