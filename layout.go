@@ -69,7 +69,7 @@ func newPolicyLayout(l *plan.Layout, nswaps, nrcs int) *policyLayout {
 		return nil
 	}
 	pl := &policyLayout{made: map[madeKey]int64{}, in: make([]int64, nswaps), rc: make([]int64, nrcs), remade: map[remadeKey]int64{},
-		entry: map[trace.TensorID]spot{}}
+		entry: map[trace.TensorID]spot{}, atStart: map[int64]int64{}}
 	for i := range pl.in {
 		pl.in[i] = -1
 	}
@@ -83,6 +83,11 @@ func newPolicyLayout(l *plan.Layout, nswaps, nrcs int) *policyLayout {
 			continue
 		}
 		pl.blocks = append(pl.blocks, place.Placed{Addr: uintptr(b.Off), Size: b.Size, Life: b.Life})
+		if b.Kind == plan.Entry && b.Life.IV[0].From == 0 || b.Life.N == 2 && b.Life.IV[1].From == 0 {
+			// In use when the iteration begins: live in, or kept from
+			// the iteration before.
+			pl.atStart[b.Off] = max(pl.atStart[b.Off], b.Size)
+		}
 		switch b.Kind {
 		case plan.Entry:
 			if b.Life.IV[0].From == 0 {
@@ -110,14 +115,10 @@ func newPolicyLayout(l *plan.Layout, nswaps, nrcs int) *policyLayout {
 	pl.byAddr = slices.Clone(pl.blocks)
 	slices.SortFunc(pl.byAddr, func(x, y place.Placed) int { return cmp.Compare(x.Addr, y.Addr) })
 	pl.ends = make([]int64, len(pl.byAddr))
-	pl.atStart = map[int64]int64{}
 	var hi int64
 	for i, b := range pl.byAddr {
 		hi = max(hi, int64(b.Addr)+b.Size)
 		pl.ends[i] = hi
-		if b.Life.IV[0].From == 0 || b.Life.N == 2 && b.Life.IV[1].From == 0 {
-			pl.atStart[int64(b.Addr)] = max(pl.atStart[int64(b.Addr)], b.Size)
-		}
 	}
 	// An op's outputs are counted by size, in the order the op made them
 	// (their ordinals): the host makes them in that order each iteration.
