@@ -328,6 +328,9 @@ const heldEdge = 16
 func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int64) (*mre.Policy, error)) (Result, error) {
 	n := len(r.Curve)
 	best := *r
+	if n == 0 {
+		return best, nil
+	}
 	held := make([]int64, n)
 	for try := 1; try < 2*layoutTries && !r.Layout.Fits(); try++ {
 		over := r.Layout.Over()
