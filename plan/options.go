@@ -44,6 +44,9 @@ type config struct {
 	observer  Observer
 	recompute func(it *trace.Iteration) []bool
 	hostLimit int64 // WithHostLimit; 0: none
+	// ownStages: the planner and the simulator are the package's own
+	// (no WithPlanner, no WithSimulator), which may run side by side.
+	ownStages bool
 	// WithLayout: the page memory is mapped in (0: one range; -1: the
 	// CUDA page for the budget, device.PageFor) and the bytes the layout
 	// must fit (0: the limit); noLayout turns it off.
@@ -78,6 +81,7 @@ func newConfig(opts []Option) (config, error) {
 		link:      simulate.H200(),
 		tiers:     DefaultTiers,
 		page:      -1,
+		ownStages: true,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -140,7 +144,7 @@ func WithEstimator(e layer.Estimator) Option {
 func WithPlanner(p Planner) Option {
 	return optionFunc(func(c *config) {
 		if p != nil {
-			c.planner = p
+			c.planner, c.ownStages = p, false
 		}
 	})
 }
@@ -150,7 +154,7 @@ func WithPlanner(p Planner) Option {
 func WithSimulator(s Simulator) Option {
 	return optionFunc(func(c *config) {
 		if s != nil {
-			c.sim = s
+			c.sim, c.ownStages = s, false
 		}
 	})
 }

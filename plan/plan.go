@@ -12,9 +12,11 @@
 package plan
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/layer"
@@ -280,20 +282,31 @@ func (r *Result) fit(cfg config, limit int64, planAt func(int64, []int64) (*mre.
 		done(r, nil)
 		return nil
 	}
-	first := *r
-	best, err := r.fitOps(cfg, page, budget, planAt)
+	// The two ways from the same first plan, each on a copy of it: at
+	// once when the planner and the simulator are the package's own
+	// (safe to run side by side), else one after the other.
+	var best, lower Result
+	var errOps, errLower error
+	a, b := *r, *r
+	ops := func() { best, errOps = a.fitOps(cfg, page, budget, planAt) }
+	low := func() { lower, errLower = b.fitLower(cfg, page, budget, planAt) }
+	if cfg.ownStages {
+		var g sync.WaitGroup
+		g.Go(ops)
+		low()
+		g.Wait()
+	} else {
+		ops()
+		low()
+	}
+	err := cmp.Or(errOps, errLower)
 	if err == nil {
-		tries := best.Tries
-		*r = first
-		var lower Result
-		if lower, err = r.fitLower(cfg, page, budget, planAt); err == nil {
-			lower.Tries += tries
-			if better(&lower, &best) || lower.Layout.Fits() && best.Layout.Fits() &&
-				lower.Exec.IterationUS <= best.Exec.IterationUS*(1+1.0/heldEdge) {
-				best = lower
-			} else {
-				best.Tries = lower.Tries
-			}
+		lower.Tries += best.Tries
+		if better(&lower, &best) || lower.Layout.Fits() && best.Layout.Fits() &&
+			lower.Exec.IterationUS <= best.Exec.IterationUS*(1+1.0/heldEdge) {
+			best = lower
+		} else {
+			best.Tries = lower.Tries
 		}
 	}
 	if err != nil {
