@@ -190,23 +190,19 @@ func (e *Engine) follow(p *policy) error {
 	} else {
 		e.offLayout = 0
 	}
-	if lay == e.following {
+	if lay != e.following {
+		e.following = lay
 		if lay == nil {
-			return nil
+			e.alloc.Follow(nil)
+		} else {
+			e.alloc.Follow(lay.blocks)
 		}
-		// What could not move to its place at the layout's first
-		// iteration (a place then taken) may move now.
-		if err := e.relocate(lay); err != nil {
-			return err
-		}
-		return e.clearLayout(lay)
 	}
-	e.following = lay
 	if lay == nil {
-		e.alloc.Follow(nil)
 		return nil
 	}
-	e.alloc.Follow(lay.blocks)
+	// Every iteration: what could not move to its place before (a place
+	// then taken) may move now.
 	if err := e.relocate(lay); err != nil {
 		return err
 	}

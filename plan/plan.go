@@ -299,21 +299,17 @@ func (r *Result) fit(cfg config, limit int64, planAt func(int64, []int64) (*mre.
 		ops()
 		low()
 	}
-	err := cmp.Or(errOps, errLower)
-	if err == nil {
-		lower.Tries += best.Tries
-		if better(&lower, &best) || lower.Layout.Fits() && best.Layout.Fits() &&
-			lower.Exec.IterationUS <= best.Exec.IterationUS*(1+1.0/heldEdge) {
-			best = lower
-		} else {
-			best.Tries = lower.Tries
-		}
-	}
-	if err != nil {
+	if err := cmp.Or(errOps, errLower); err != nil {
 		done(r, err)
 		return err
 	}
+	tries := best.Tries + lower.Tries
+	if better(&lower, &best) || lower.Layout.Fits() && best.Layout.Fits() &&
+		lower.Exec.IterationUS <= best.Exec.IterationUS*(1+1.0/heldEdge) {
+		best = lower
+	}
 	*r = best
+	r.Tries = tries
 	done(r, nil)
 	return nil
 }
@@ -347,18 +343,25 @@ func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int
 	held := make([]int64, n)
 	for try := 1; try < 2*layoutTries && !r.Layout.Fits(); try++ {
 		over := r.Layout.Over()
-		above := make([]int64, n)
+		// The bytes above the budget in use at each op: added where a
+		// block's life begins, taken where it ends, summed over the ops.
+		above := make([]int64, n+1)
 		for _, b := range r.Layout.Blocks {
 			if b.Off < 0 || b.Off+b.Size <= budget {
 				continue
 			}
 			hi := b.Off + b.Size - max(b.Off, budget)
 			for _, v := range b.Life.IV[:b.Life.N] {
-				for t := v.From; t < v.To && int(t) < n; t++ {
-					above[t] += hi
+				if from, to := min(int(v.From), n), min(int(v.To), n); from < to {
+					above[from] += hi
+					above[to] -= hi
 				}
 			}
 		}
+		for t := 1; t < n; t++ {
+			above[t] += above[t-1]
+		}
+		above = above[:n]
 		if slices.Max(above) == 0 {
 			break // blocks with no place at all (Unplaced): nothing to hold back where
 		}
