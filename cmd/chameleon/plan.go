@@ -165,9 +165,15 @@ type planReport struct {
 	OverheadPctBoundPlanned float64 `json:"overhead_pct_bound_planned"`
 	// OverheadPctBoundRecompute (with --recompute) is mre.RecomputeBound
 	// at the limit: no plan of swaps and recomputes is faster.
-	OverheadPctBoundRecompute *float64   `json:"overhead_pct_bound_recompute,omitempty"`
-	Feasible                  bool       `json:"feasible"`
-	Shortfall                 *shortfall `json:"shortfall,omitempty"`
+	OverheadPctBoundRecompute *float64 `json:"overhead_pct_bound_recompute,omitempty"`
+	// TrafficBoundBytes is mre.TrafficBound at the limit: no plan copies
+	// fewer bytes in an iteration run over and over (with --recompute,
+	// what may be made again counts as dropped for free), and
+	// TrafficBoundMS the time the link takes to carry them in.
+	TrafficBoundBytes int64      `json:"traffic_bound_bytes"`
+	TrafficBoundMS    float64    `json:"traffic_bound_ms"`
+	Feasible          bool       `json:"feasible"`
+	Shortfall         *shortfall `json:"shortfall,omitempty"`
 	// Error says why no plan was made when the limit cannot be met
 	// (Feasible false), and LowestFeasible is the lowest limit a plan
 	// meets, in bytes and in percent of PeakBytesBefore; absent otherwise.
@@ -491,6 +497,12 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 			Recomputable: mre.Recomputable(it)}, link.D2H).OverheadPct
 		rep.OverheadPctBoundRecompute = &rb
 	}
+	var rc []bool
+	if cfg.recompute {
+		rc = mre.Recomputable(it)
+	}
+	rep.TrafficBoundBytes = mre.TrafficBound(mre.Input{Model: res.Model, Curve: res.Curve, OpTimes: res.OpTimes, Limit: in.Limit, Recomputable: rc})
+	rep.TrafficBoundMS = float64(rep.TrafficBoundBytes) / link.H2D * 1e3
 	rep.HostBudgetBytes = cfg.hostBudget
 	if err != nil {
 		var ie *mre.InfeasibleError
@@ -596,6 +608,10 @@ func printPlan(w io.Writer, r *planReport) {
 	}
 	if r.OverheadPctBoundRecompute != nil {
 		fmt.Fprintf(w, "bound of plans with recompute: %.2f%% at the limit\n", *r.OverheadPctBoundRecompute)
+	}
+	if r.TrafficBoundBytes > 0 {
+		fmt.Fprintf(w, "least traffic of any plan: %s in per iteration (%.2f ms at the link's rate in), this plan %.2fx it\n",
+			fmtBytes(r.TrafficBoundBytes), r.TrafficBoundMS, float64(r.BytesIn)/float64(r.TrafficBoundBytes))
 	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
 	fmt.Fprintf(w, "pinned host memory: the swaps hold %s at most", fmtBytes(r.HostPeakBytes))
