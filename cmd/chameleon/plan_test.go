@@ -241,6 +241,7 @@ func checkPlan(t *testing.T, it *trace.Iteration, rep *planReport, name string, 
 	t.Helper()
 	checkRecorded(t, it, rep)
 	assert.LessOrEqual(t, rep.PeakBytesAfter, rep.PlannedBytes, name)
+	assert.GreaterOrEqual(t, rep.BytesIn, rep.TrafficBoundBytes, "%s: copied in less than any plan must", name)
 	// The executor's in-order copy streams, issuing as the plan's
 	// simulation started the copies, run the same schedule.
 	tol := 1e-3
