@@ -12,7 +12,7 @@ import (
 
 // benchInput loads iteration 1 of a public trace at pct of its recorded
 // peak, skipping when the traces are absent.
-func benchInput(b *testing.B, name string, pct float64) Input {
+func benchInput(b testing.TB, name string, pct float64) Input {
 	b.Helper()
 	path := "../../shared/traces/" + name
 	if _, err := os.Stat(path); err != nil {

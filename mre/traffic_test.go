@@ -3,15 +3,10 @@ package mre
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/chameleon-go/chameleon/layer"
-	"github.com/chameleon-go/chameleon/memory"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 // TestPackGapsAgainstBruteForce: on small lines of ops, packGaps keeps as
@@ -71,22 +66,9 @@ func TestPackGapsAgainstBruteForce(t *testing.T) {
 // alone and with recomputes, copy at least TrafficBound in; the bound is
 // zero where the curve fits, positive below, and falls as the limit rises.
 func TestTrafficBoundUnderPlans(t *testing.T) {
-	path := "../../shared/traces/llama16-bf16.jsonl.gz"
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("%s absent", path)
-	}
-	tr, err := trace.ReadFile(path)
-	require.NoError(t, err)
-	it := tr.Iterations[1]
-	m := memory.Build(it, memory.LiveOutFromTrace(tr, 1))
-	in := Input{Model: m, OpTimes: layer.OpCount{}.Estimate(it), Groups: layer.Uniform(it.Ops, 32)}
-	in.Curve = in.ResolveCurve()
-	var peak int64
-	for _, v := range in.Curve {
-		peak = max(peak, v)
-	}
-	rc := Recomputable(it)
-	in.Limit = peak
+	in := benchInput(t, "llama16-bf16.jsonl.gz", 1)
+	peak := in.Limit
+	rc := Recomputable(in.Model.Iter)
 	assert.Zero(t, TrafficBound(in), "at the peak")
 	last := map[bool]int64{false: 0, true: 0}
 	for _, pct := range []int64{90, 70, 50, 40} {
