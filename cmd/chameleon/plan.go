@@ -492,16 +492,13 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	kept := mre.KeptIdle(res.Model)
 	rep.OverheadPctBound = mre.LowerBoundKept(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept).OverheadPct
 	rep.StreamingBoundMS = mre.StreamingBound(res.Curve, in.Limit, res.OpTimes, link.D2H, link.H2D, kept) / 1000
+	bin := mre.Input{Model: res.Model, Curve: res.Curve, OpTimes: res.OpTimes, Limit: in.Limit}
 	if cfg.recompute {
-		rb := mre.RecomputeBound(mre.Input{Model: res.Model, Curve: res.Curve, OpTimes: res.OpTimes, Limit: in.Limit,
-			Recomputable: mre.Recomputable(it)}, link.D2H).OverheadPct
+		bin.Recomputable = mre.Recomputable(it)
+		rb := mre.RecomputeBound(bin, link.D2H).OverheadPct
 		rep.OverheadPctBoundRecompute = &rb
 	}
-	var rc []bool
-	if cfg.recompute {
-		rc = mre.Recomputable(it)
-	}
-	rep.TrafficBoundBytes = mre.TrafficBound(mre.Input{Model: res.Model, Curve: res.Curve, OpTimes: res.OpTimes, Limit: in.Limit, Recomputable: rc})
+	rep.TrafficBoundBytes = mre.TrafficBound(bin)
 	rep.TrafficBoundMS = float64(rep.TrafficBoundBytes) / link.H2D * 1e3
 	rep.HostBudgetBytes = cfg.hostBudget
 	if err != nil {
