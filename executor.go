@@ -419,6 +419,11 @@ type executor struct {
 	following          *policyLayout
 	placedAt, missedAt int64
 	offLayout          int
+	// unplaced are the op sequences (policyKey.Hash) whose placement was
+	// given up, a layout's (layoutGiveUp) or the allocator's own
+	// (Stats.GaveUp): their steps do not recur closely enough, and their
+	// policies, planned again or not, run on best fit from then on.
+	unplaced map[uint64]bool
 	// prefetches are the tensors Prefetch was asked for that found no
 	// free device memory yet: tried again at each op and after each Evict.
 	prefetches prefetchQueue

@@ -97,7 +97,14 @@ func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 		if err := e.follow(e.policy); err != nil && it.err == nil {
 			it.err = err
 		}
+		// A sequence whose placement was given up is never placed again
+		// (giveUpPlacing): each step is a new one to the allocator.
+		same = same && !e.unplaced[e.policy.key.Hash]
+		gaveUp := e.alloc.Stats().GaveUp
 		e.alloc.Repeat(same)
+		if same && e.alloc.Stats().GaveUp > gaveUp {
+			e.giveUpPlacing(e.policy)
+		}
 		e.placedBefore, e.placedFor = e.placedFor, e.policy
 	}
 	e.tm.begin(it.detail != nil)

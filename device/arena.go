@@ -512,6 +512,8 @@ type Stats struct {
 
 	// Placed counts the requests of repeated sequences served at their
 	// planned address, Missed those with a plan served elsewhere, and
-	// Placements the plans made (see Allocator.Repeat).
-	Placed, Missed, Placements int64
+	// Placements the plans made (see Allocator.Repeat), and GaveUp the
+	// times placement ended because a sequence did not recur closely
+	// enough (two repetitions in a row that missed too many places).
+	Placed, Missed, Placements, GaveUp int64
 }

@@ -58,6 +58,7 @@ type placer struct {
 	placed, missed int
 	// Totals for Stats.
 	totPlaced, totMissed, plans int64
+	gaveUps                     int64 // repetitions that ended placement as not recurring
 	// short counts the plans whose blocks needed more pages than the
 	// budget; shortFit is the last one's share of its bytes the budget's
 	// pages would have held with none moved.
@@ -209,6 +210,7 @@ func (a *Allocator) Repeat(same bool) {
 		// fit serves it better.
 		if pl.bad++; pl.bad >= 2 {
 			pl.placing, pl.gaveUp = false, true
+			pl.gaveUps++
 			p.unplan()
 		}
 	case pl.bad > 0 && !outlived:

@@ -443,7 +443,7 @@ func (p *pool) stats() Stats {
 	defer p.mu.Unlock()
 	s := p.a.stats()
 	s.BackendAllocs = p.backendAllocs
-	s.Placed, s.Missed, s.Placements = p.pl.totPlaced+int64(p.pl.placed), p.pl.totMissed+int64(p.pl.missed), p.pl.plans
+	s.Placed, s.Missed, s.Placements, s.GaveUp = p.pl.totPlaced+int64(p.pl.placed), p.pl.totMissed+int64(p.pl.missed), p.pl.plans, p.pl.gaveUps
 	if p.mapper != nil {
 		// The memory is the page budget, not the address space.
 		s.PageSize = p.page
