@@ -7,6 +7,7 @@ import (
 
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
+	"github.com/chameleon-go/chameleon/simulate"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
@@ -102,6 +103,29 @@ func BenchmarkTrafficBound(b *testing.B) {
 				bound = TrafficBound(in)
 			}
 			b.ReportMetric(float64(bound)/(1<<20), "bound_MiB")
+		})
+	}
+}
+
+// BenchmarkRecomputeBound: the bound of plans with recompute on llama16-bf16
+// at 40%, with the copies back counted and without (inRate 0).
+func BenchmarkRecomputeBound(b *testing.B) {
+	link := simulate.H200()
+	for _, back := range []bool{false, true} {
+		name := map[bool]string{false: "out", true: "out+back"}[back]
+		b.Run(name, func(b *testing.B) {
+			in := benchInput(b, "llama16-bf16.jsonl.gz", 0.40)
+			in.Recomputable = Recomputable(in.Model.Iter)
+			rate := 0.0
+			if back {
+				rate = link.H2D
+			}
+			b.ReportAllocs()
+			var bound Bound
+			for b.Loop() {
+				bound = RecomputeBound(in, link.D2H, rate)
+			}
+			b.ReportMetric(bound.OverheadPct, "bound_pct")
 		})
 	}
 }

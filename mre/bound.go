@@ -2,8 +2,10 @@ package mre
 
 import (
 	"cmp"
+	"math"
 	"slices"
 
+	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/trace"
 )
@@ -170,7 +172,23 @@ func StreamingBound(curve []int64, limit int64, d []float64, out, in float64, ke
 // queueing, congestion and that a recompute's chain may cost more, so
 // real plans can only be slower; with no recompute it is weaker than
 // LowerBound.
-func RecomputeBound(in Input, out float64) Bound {
+//
+// The copies back bound it too (incoming, with inRate the link's one-way
+// rate in, bytes per second; 0 leaves the term out). Of X(t), what no
+// recompute drops is off the device at op t by swaps, whose copies back
+// are issued from op t+1 on, one after the other at no more than inRate,
+// and each done before its tensor's next read. A plan does best to leave
+// the tensors read last, so with A_t(>u) the bytes that could be off at t
+// (alive, not an operand of op t) that no op up to u reads next, w bytes
+// swapped start the iteration's end at least
+//
+//	I_t(w) = max(0, max over u > t of (w - A_t(>u))/inRate - (S(u) - S(t+1)))
+//
+// late, and the plan adds at least min over r of max(g_t(r), I_t(X(t)-r)),
+// r the bytes recomputes drop there. That term is what binds where
+// parameters, gradients and optimizer state, which no recompute makes,
+// are all read in the few ops of an optimizer step.
+func RecomputeBound(in Input, out, inRate float64) Bound {
 	b := Bound{OutOp: -1, InOp: -1}
 	if in.Model == nil || out <= 0 {
 		return b
@@ -191,7 +209,6 @@ func RecomputeBound(in Input, out float64) Bound {
 			starts[lo] = append(starts[lo], int32(x))
 		}
 	}
-	type piece struct{ bytes, cost float64 }
 	rate := out / 1e6 // bytes per µs
 	var alive []int32
 	var pieces []piece
@@ -201,15 +218,25 @@ func RecomputeBound(in Input, out float64) Bound {
 		drop int
 	}
 	gap := map[gapKey]int{}
+	var reads *nextReads
+	var late []float64 // least delay of op t's start, from the copies back of earlier ops
+	if inRate > 0 {
+		reads = newNextReads(in.Model)
+		late = make([]float64, n+1)
+	}
 	for t := range n {
+		if late != nil && t > 0 {
+			late[t] = max(late[t], late[t-1])
+		}
 		alive = append(alive, starts[t]...)
 		alive = slices.DeleteFunc(alive, func(x int32) bool { return rcs[x].Before <= t })
-		x := curve[t] - in.Limit
+		over := curve[t] - in.Limit
+		x := over
 		if kept != nil {
 			x -= kept[t]
 		}
 		y0 := float64(x) - rate*start[t] // what the link cannot have taken by t
-		if x <= 0 || y0 <= 0 {
+		if over <= 0 || (y0 <= 0 && reads == nil) {
 			continue
 		}
 		clear(share)
@@ -244,25 +271,156 @@ func RecomputeBound(in Input, out float64) Bound {
 			pieces = append(pieces, piece{saved, rc.cost})
 		}
 		slices.SortFunc(pieces, func(a, b piece) int { return cmp.Compare(a.cost*b.bytes, b.cost*a.bytes) })
-		// D + g(y0 - rate·D) is convex in D (g is: cheapest first); its
-		// least is at D = 0 or where the link takes over the rest after a
-		// whole number of pieces.
-		least := y0 / rate // the link alone
-		var by, cost float64
-		for _, pc := range pieces {
-			if by+pc.bytes >= y0 {
-				least = min(least, cost+pc.cost*(y0-by)/pc.bytes) // D = 0
-				break
+		if y0 > 0 {
+			// D + g(y0 - rate·D) is convex in D (g is: cheapest first); its
+			// least is at D = 0 or where the link takes over the rest after
+			// a whole number of pieces.
+			least := y0 / rate // the link alone
+			var by, cost float64
+			for _, pc := range pieces {
+				if by+pc.bytes >= y0 {
+					least = min(least, cost+pc.cost*(y0-by)/pc.bytes) // D = 0
+					break
+				}
+				by, cost = by+pc.bytes, cost+pc.cost
+				least = min(least, (y0-by)/rate+cost)
 			}
-			by, cost = by+pc.bytes, cost+pc.cost
-			least = min(least, (y0-by)/rate+cost)
+			if least > b.OverheadUS {
+				b.OverheadUS, b.OutOp, b.InOp = least, t, -1
+			}
 		}
-		if least > b.OverheadUS {
-			b.OverheadUS, b.OutOp = least, t
+		if reads != nil {
+			var drop float64
+			for _, pc := range pieces {
+				drop += pc.bytes
+			}
+			slack := reads.slack(t, start, inRate/1e6, float64(over)-drop, late)
+			if v := late[t] + incoming(float64(over), inRate/1e6, slack, pieces); v > b.OverheadUS {
+				b.OverheadUS, b.OutOp, b.InOp = v, -1, t
+			}
 		}
 	}
 	if total := start[n]; total > 0 {
 		b.OverheadPct = b.OverheadUS / total * 100
 	}
 	return b
+}
+
+// piece is a share of the bytes recomputes can drop over an op and its
+// time: cost µs for bytes.
+type piece struct{ bytes, cost float64 }
+
+// incoming is min over r of max(g(r), x - r over rate less slack), with g
+// the least time of recomputes that drop r bytes (pieces, cheapest per
+// byte first) and at most all the pieces' bytes dropped; rate in bytes per
+// µs, slack in µs (RecomputeBound's copies-back term at one op).
+func incoming(x, rate, slack float64, pieces []piece) float64 {
+	h := func(r float64) float64 { return (x-r)/rate - slack }
+	if h(0) <= 0 {
+		return 0
+	}
+	var by, cost float64
+	for _, pc := range pieces {
+		k := pc.cost / pc.bytes
+		// cost + k(r-by) = h(r) where the two cross.
+		r := (x/rate - slack - cost + k*by) / (k + 1/rate)
+		if r <= by+pc.bytes {
+			return cost + k*max(r-by, 0)
+		}
+		by, cost = by+pc.bytes, cost+pc.cost
+	}
+	return h(by)
+}
+
+// nextReads is, per storage of a memory model, the ops that read it (view
+// ops aside: they move no data) and the ops that use it otherwise: what
+// the copies-back term of RecomputeBound asks of op t.
+type nextReads struct {
+	m        *memory.Model
+	reads    [][]int32
+	operands [][]int32 // per op, the storages (Lifetimes index) a non-view op uses
+	pool     []poolEntry
+}
+
+type poolEntry struct {
+	next  int // the next op reading it; n when none does in the iteration
+	bytes int64
+}
+
+func newNextReads(m *memory.Model) *nextReads {
+	it := m.Iter
+	n := len(it.Ops)
+	nr := &nextReads{m: m, reads: make([][]int32, len(m.Lifetimes)), operands: make([][]int32, n)}
+	for t := range it.Ops {
+		op := &it.Ops[t]
+		if layer.Classify(it, op) == layer.KindView {
+			continue
+		}
+		for _, id := range op.In {
+			if k, ok := m.Index[id]; ok {
+				if r := nr.reads[k]; len(r) == 0 || r[len(r)-1] != int32(t) {
+					nr.reads[k] = append(r, int32(t))
+				}
+				nr.operands[t] = append(nr.operands[t], k)
+			}
+		}
+		for _, id := range op.Out {
+			if k, ok := m.Index[id]; ok {
+				nr.operands[t] = append(nr.operands[t], k)
+			}
+		}
+	}
+	return nr
+}
+
+// slack is min over u > t of A_t(>u)/rate + S(u) - S(t+1) (RecomputeBound),
+// in µs: the time the copies back of the bytes off the device at op t have
+// before they hold the step up, the tensors read last being off first;
+// rate in bytes per µs, start the ops' starts (opStarts). +Inf when no
+// storage could be off there.
+//
+// It also carries the delay forward: at least swapped bytes are off at op
+// t however much recomputes drop, so op u starts at least
+// late[t] + (swapped - A_t(>u))/rate - (S(u) - S(t+1)) late, and late[u]
+// is raised to that.
+func (nr *nextReads) slack(t int, start []float64, rate, swapped float64, late []float64) float64 {
+	n := len(start) - 1
+	nr.pool = nr.pool[:0]
+	for k := range nr.m.Lifetimes {
+		lt := &nr.m.Lifetimes[k]
+		if max(lt.Alloc, 0) > t || lt.Free <= t || slices.Contains(nr.operands[t], int32(k)) {
+			continue
+		}
+		next := n
+		r := nr.reads[k]
+		if x, _ := slices.BinarySearch(r, int32(t+1)); x < len(r) {
+			next = int(r[x])
+		}
+		nr.pool = append(nr.pool, poolEntry{next, lt.Bytes})
+	}
+	if len(nr.pool) == 0 {
+		return math.Inf(1)
+	}
+	slices.SortFunc(nr.pool, func(a, b poolEntry) int { return cmp.Compare(b.next, a.next) })
+	// Latest read first: A(>u) is the bytes before the first entry read
+	// at u.
+	least := math.Inf(1)
+	var after float64
+	for x := 0; x < len(nr.pool); {
+		u := nr.pool[x].next
+		y := x
+		for y < len(nr.pool) && nr.pool[y].next == u {
+			y++
+		}
+		if u < n {
+			least = min(least, after/rate+start[u]-start[t+1])
+			if d := (swapped-after)/rate - (start[u] - start[t+1]); d > 0 {
+				late[u] = max(late[u], late[t]+d)
+			}
+		}
+		for ; x < y; x++ {
+			after += float64(nr.pool[x].bytes)
+		}
+	}
+	return least
 }

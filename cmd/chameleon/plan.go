@@ -495,7 +495,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	bin := mre.Input{Model: res.Model, Curve: res.Curve, OpTimes: res.OpTimes, Limit: in.Limit}
 	if cfg.recompute {
 		bin.Recomputable = mre.Recomputable(it)
-		rb := mre.RecomputeBound(bin, link.D2H).OverheadPct
+		rb := mre.RecomputeBound(bin, link.D2H, link.H2D).OverheadPct
 		rep.OverheadPctBoundRecompute = &rb
 	}
 	rep.TrafficBoundBytes = mre.TrafficBound(bin)

@@ -764,7 +764,12 @@ overhead of any plan of swaps and recomputes in this model: a plan that starts o
 moved at most the link's rate times (start of t + D) off by then, and the rest of the excess at t
 must be dropped, by recomputes that run after t, at no less than the cheapest alive over t cost,
 taken by time per byte (the last in part); the plan adds at least the least over D of D plus that,
-at every t. Every plan in the table, and the best keep / swap / recompute choice on small graphs
+at every t. The copies back bound it too: what recomputes do not drop at t is off the device by
+swaps, whose copies back start after t, one after the other at the link's rate in, each before its
+tensor's next read; leaving off the tensors read last, the plan is still late by the bytes read
+before op u less the time to u, and the least over the recomputes' share of the larger of that and
+their cost counts (it binds where weights, gradients and optimizer state, which no recompute makes,
+are all read in an optimizer step's few ops). Every plan in the table, and the best keep / swap / recompute choice on small graphs
 found by brute force, is checked against it. Peers on the H200 (measured): activation checkpointing brings llama16 to 45% of its
 peak (8.29 GiB) for +26% and llama7b-8l to 61% (15.43 GiB) for +23%; torch.compile with an
 activation budget of 0.2, llama16 to 8.68 GiB at 126 ms (+7% over its own 118 ms).
