@@ -135,6 +135,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.model.In, "in", 64, "input features")
 	fs.IntVar(&o.model.Out, "out", 16, "output features")
 	fs.IntVar(&o.model.TeacherHidden, "teacher", 128, "hidden width of the teacher network")
+	fs.IntVar(&o.model.LossChunks, "loss-chunks", 0, "compute the head and the loss this many chunks of the batch at a time, each chunk's target and prediction a tensor of its own, so that no op lists the whole batch's predictions (a wide --out: the chunked loss over a language model's logits); 0: the batch whole")
 	fs.Float64Var(&o.lr, "lr", 0, "learning rate (0: DefaultLR of the width, 0.02 at width 64)")
 	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
 	fs.StringVar(&o.minSwap, "min-swap", "auto", "smallest tensor the planner swaps (auto: 1 MiB, or one batch x width activation when smaller)")
@@ -202,6 +203,10 @@ func (o *options) check() error {
 		return usagef("--limit-batch %d: want 0, or a batch with --ranks 1", o.limitBatch)
 	case o.model.Batch%o.ranks != 0:
 		return usagef("--batch %d is not divisible by --ranks %d: each rank trains on batch/ranks rows of the global batch", o.model.Batch, o.ranks)
+	case o.model.LossChunks > o.model.Batch/o.ranks:
+		return usagef("--loss-chunks %d is more than the %d rows of the batch each rank trains on", o.model.LossChunks, o.model.Batch/o.ranks)
+	case o.limitBatch > 0 && o.model.LossChunks > o.limitBatch:
+		return usagef("--loss-chunks %d is more than the %d rows of --limit-batch", o.model.LossChunks, o.limitBatch)
 	case o.rankChannel != "" && o.rankChannel != "local" && o.rankChannel != "nccl":
 		return usagef("--rank-channel %q: want local or nccl", o.rankChannel)
 	case o.rankChannel == "nccl" && o.device != "cuda":

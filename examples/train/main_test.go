@@ -51,6 +51,10 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"--ranks", "2", "--host-budget", "64MiB", "--host-reserve", "40MiB"}, "above a rank's share"},
 		{[]string{"--limit-batch", "-1"}, "--limit-batch -1"},
 		{[]string{"--ranks", "2", "--limit-batch", "256"}, "with --ranks 1"},
+		{[]string{"--loss-chunks", "-1"}, "-1 loss chunks"},
+		{[]string{"--loss-chunks", "2048"}, "2048 loss chunks for a batch of 1024"},
+		{[]string{"--ranks", "4", "--loss-chunks", "512"}, "more than the 256 rows"},
+		{[]string{"--limit-batch", "256", "--loss-chunks", "512"}, "more than the 256 rows of --limit-batch"},
 	}
 	for _, tt := range tests {
 		out.Reset()

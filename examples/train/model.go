@@ -34,12 +34,30 @@ type Model struct {
 	In, Out       int // input and output features
 	TeacherHidden int
 	Batch         int
+	// LossChunks splits the head and the loss along the batch: chunk c
+	// is rows [c*Batch/LossChunks, (c+1)*Batch/LossChunks), its target,
+	// prediction and their gradient tensors of their own, so that no op
+	// lists the whole batch's predictions (the chunked loss over a
+	// language model's logits). 0 or 1: the batch whole.
+	LossChunks int
+}
+
+// chunks is how many chunks the loss is computed in.
+func (m Model) chunks() int { return max(m.LossChunks, 1) }
+
+// chunkRows is chunk c's rows of the batch, [r0, r1).
+func (m Model) chunkRows(c int) (r0, r1 int) {
+	k := m.chunks()
+	return c * m.Batch / k, (c + 1) * m.Batch / k
 }
 
 // Validate reports a shape that cannot run.
 func (m Model) Validate() error {
 	if m.Layers < 1 || m.Width < 1 || m.FFN < 1 || m.In < 1 || m.Out < 1 || m.TeacherHidden < 1 || m.Batch < 1 {
 		return fmt.Errorf("model %+v: every size must be at least 1", m)
+	}
+	if m.LossChunks < 0 || m.LossChunks > m.Batch {
+		return fmt.Errorf("model: %d loss chunks for a batch of %d: give 0 (the batch whole) up to the batch", m.LossChunks, m.Batch)
 	}
 	return nil
 }
@@ -72,7 +90,7 @@ func (m Model) SavedActivationBytes() int64 {
 // block size). It sizes the reservation of an unlimited run.
 func (m Model) UpperBoundBytes() int64 {
 	b := int64(m.Batch)
-	widest := int64(max(m.Width, m.FFN, m.TeacherHidden))
+	widest := int64(max(m.Width, m.FFN, m.TeacherHidden, m.Out))
 	tensors := int64(8 + 2*m.Layers + 3*m.Layers + 8)
 	return m.PersistentBytes() + m.SavedActivationBytes() + 6*4*b*widest + tensors*device.BlockSize + 1<<20
 }
@@ -116,8 +134,9 @@ type net struct {
 	phaseSync bool
 	fwdEnd    time.Time
 
-	// shapes, shared by every tensor of that shape
+	// shapes, shared by every tensor of that shape; shCO per loss chunk
 	shBH, shBF, shBO, shBD, shBT, shScalar []int64
+	shCO                                   [][]int64
 	// recompute: forward ops hand the Engine their kernel to run again.
 	recompute bool
 	// reduce, with data-parallel ranks, averages each gradient and the
@@ -145,6 +164,10 @@ func newNet(eng *chameleon.Engine, k compute.Kernels, m Model, seed uint64) (*ne
 		shBH: []int64{int64(m.Batch), int64(m.Width)}, shBF: []int64{int64(m.Batch), int64(m.FFN)},
 		shBO: []int64{int64(m.Batch), int64(m.Out)}, shBD: []int64{int64(m.Batch), int64(m.In)},
 		shBT: []int64{int64(m.Batch), int64(m.TeacherHidden)}, shScalar: []int64{1}}
+	for c := range m.chunks() {
+		r0, r1 := m.chunkRows(c)
+		n.shCO = append(n.shCO, []int64{int64(r1 - r0), int64(m.Out)})
+	}
 	var idx uint64
 	tensor := func(shape []int64, scale float32) (*chameleon.Tensor, error) {
 		size := int64(4)
@@ -301,14 +324,21 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	}); err != nil {
 		return fail(err)
 	}
-	y, err := n.act(n.shBO)
-	if err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::mm", "teacher.fc2", fwd, ts(th, n.t2), ts(y), func() error {
-		return n.k.Gemm(false, false, B, O, T, 1, th.Ptr(), n.t2.Ptr(), 0, y.Ptr())
-	}); err != nil {
-		return fail(err)
+	var y *chameleon.Tensor
+	var ys []*chameleon.Tensor // the chunks' targets, with LossChunks
+	if m.chunks() > 1 {
+		if ys, err = n.teacherChunks(th); err != nil {
+			return fail(err)
+		}
+	} else {
+		if y, err = n.act(n.shBO); err != nil {
+			return fail(err)
+		}
+		if err := n.run("aten::mm", "teacher.fc2", fwd, ts(th, n.t2), ts(y), func() error {
+			return n.k.Gemm(false, false, B, O, T, 1, th.Ptr(), n.t2.Ptr(), 0, y.Ptr())
+		}); err != nil {
+			return fail(err)
+		}
 	}
 	if err := n.release(th); err != nil {
 		return fail(err)
@@ -377,27 +407,15 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 		keep[l] = saved{h: in, r: r}
 		h = hn
 	}
-	pred, err := n.act(n.shBO)
+	// The head and the loss: the batch whole, or a chunk of it at a time.
+	var pred, loss *chameleon.Tensor
+	var preds []*chameleon.Tensor
+	if m.chunks() > 1 {
+		preds, loss, err = n.headChunks(h, ys)
+	} else {
+		pred, loss, err = n.head(h, y)
+	}
 	if err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::mm", "head", fwd, ts(h, n.wout.w), ts(pred), func() error {
-		return n.k.Gemm(false, false, B, O, H, 1, h.Ptr(), n.wout.w.Ptr(), 0, pred.Ptr())
-	}); err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::add_", "head.bias", fwd, ts(pred, n.bout.w), ts(pred), func() error {
-		return n.k.BiasAct(pred.Ptr(), pred.Ptr(), n.bout.w.Ptr(), B, O, compute.Identity)
-	}); err != nil {
-		return fail(err)
-	}
-	loss, err := n.act(n.shScalar)
-	if err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::mse_loss", "loss", fwd, ts(pred, y), ts(loss), func() error {
-		return n.k.MSELoss(loss.Ptr(), pred.Ptr(), y.Ptr(), B*O)
-	}); err != nil {
 		return fail(err)
 	}
 
@@ -409,38 +427,13 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	}
 
 	// Backward.
-	dpred, err := n.act(n.shBO)
+	var dh *chameleon.Tensor
+	if m.chunks() > 1 {
+		dh, err = n.headChunksBackward(h, preds, ys)
+	} else {
+		dh, err = n.headBackward(h, pred, y)
+	}
 	if err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::mse_loss_backward", "loss.backward", bwd, ts(pred, y), ts(dpred), func() error {
-		return n.k.MSEBackward(dpred.Ptr(), pred.Ptr(), y.Ptr(), B*O)
-	}); err != nil {
-		return fail(err)
-	}
-	if err := n.release(pred, y); err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::mm", "head.grad_weight", bwd, ts(h, dpred), ts(n.wout.g), func() error {
-		return n.k.Gemm(true, false, H, O, B, 1, h.Ptr(), dpred.Ptr(), 0, n.wout.g.Ptr())
-	}); err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::sum", "head.grad_bias", bwd, ts(dpred), ts(n.bout.g), func() error {
-		return n.k.ColSum(n.bout.g.Ptr(), dpred.Ptr(), B, O)
-	}); err != nil {
-		return fail(err)
-	}
-	dh, err := n.act(n.shBH)
-	if err != nil {
-		return fail(err)
-	}
-	if err := n.run("aten::mm", "head.grad_input", bwd, ts(dpred, n.wout.w), ts(dh), func() error {
-		return n.k.Gemm(false, true, B, H, O, 1, dpred.Ptr(), n.wout.w.Ptr(), 0, dh.Ptr())
-	}); err != nil {
-		return fail(err)
-	}
-	if err := n.release(dpred, h); err != nil {
 		return fail(err)
 	}
 	for l := len(n.blocks) - 1; l >= 0; l-- {
@@ -472,7 +465,7 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 			return fail(err)
 		}
 		if err := n.run("aten::sum", b.bb1, bwd, ts(dr), ts(b.b1.g), func() error {
-			return n.k.ColSum(b.b1.g.Ptr(), dr.Ptr(), B, F)
+			return n.k.ColSum(b.b1.g.Ptr(), dr.Ptr(), B, F, false)
 		}); err != nil {
 			return fail(err)
 		}

@@ -161,3 +161,40 @@ func TestRecomputeKeepsLossBits(t *testing.T) {
 	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit)
 	requireSameBits(t, free.Losses(), rep.Losses())
 }
+
+// TestLossChunks: with a head wide enough that the whole batch's
+// prediction, its target and its gradient are most of the step, the loss
+// computed a chunk of the batch at a time runs under a limit below what
+// the whole-batch loss's backward op alone lists, learns bit for bit what
+// the chunked run without a limit learns, and what the whole-batch run
+// learns up to the order the chunks' sums are added in.
+func TestLossChunks(t *testing.T) {
+	cfg := small(t)
+	cfg.Model.Layers, cfg.Model.Out = 2, 512
+	whole := unlimited(t, newHost(t), cfg)
+	cfg.Model.LossChunks = 8
+	free := unlimited(t, newHost(t), cfg)
+
+	wl, cl := whole.Losses(), free.Losses()
+	require.Len(t, cl, len(wl))
+	for i := range wl {
+		assert.InEpsilon(t, wl[i], cl[i], 1e-4, "step %d: the chunked loss is the whole batch's, summed in another order", i)
+	}
+	// What loss.backward lists run whole: the prediction, the target and
+	// the prediction's gradient, each batch x out floats.
+	m := cfg.Model
+	floor := 3 * 4 * int64(m.Batch) * int64(m.Out)
+	cfg.Limit = free.Stats.PeakDeviceBytes / 2
+	require.Less(t, cfg.Limit, floor, "the limit must be below the whole-batch loss's working set")
+	d := newHost(t)
+	rep, err := Train(d, hostKernels(d), cfg)
+	require.NoError(t, err)
+	requireSameBits(t, cl, rep.Losses())
+	st := rep.Stats
+	assert.Positive(t, st.SwappedOutBytes, "the chunks' predictions and targets are swapped")
+	assert.LessOrEqual(t, st.PeakDeviceBytes, cfg.Limit)
+	assert.LessOrEqual(t, d.PeakAllocated(), cfg.Limit)
+	assert.Equal(t, seq.Stable, rep.Steps[len(rep.Steps)-1].Result.Stage)
+	t.Logf("peak %d whole, %d in %d chunks, %d under %d (the whole-batch loss lists %d); loss %.4f -> %.4f",
+		whole.Stats.PeakDeviceBytes, free.Stats.PeakDeviceBytes, m.LossChunks, st.PeakDeviceBytes, cfg.Limit, floor, cl[0], cl[len(cl)-1])
+}

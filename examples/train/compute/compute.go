@@ -50,12 +50,17 @@ type Kernels interface {
 	// ReluBackward computes dx = dy where y > 0, else 0 (y is the ReLU's
 	// output). dx may be dy.
 	ReluBackward(dx, dy, y device.DevPtr, n int) error
-	// ColSum computes y[j] = sum over i of x[i,j] (a bias gradient).
-	ColSum(y, x device.DevPtr, rows, cols int) error
-	// MSELoss writes the scalar 0.5*mean((pred-target)^2) to loss.
-	MSELoss(loss, pred, target device.DevPtr, n int) error
-	// MSEBackward computes grad = (pred-target)/n.
-	MSEBackward(grad, pred, target device.DevPtr, n int) error
+	// ColSum computes y[j] = sum over i of x[i,j] (a bias gradient);
+	// with add, it adds the sums to y (a gradient summed over chunks of
+	// the batch).
+	ColSum(y, x device.DevPtr, rows, cols int, add bool) error
+	// MSELoss writes 0.5*sum((pred-target)^2)/total over n elements to the
+	// scalar loss, 0.5*mean((pred-target)^2) when total is n; with add,
+	// it adds it to loss (a loss computed a chunk of the batch at a time,
+	// total the whole batch's elements).
+	MSELoss(loss, pred, target device.DevPtr, n, total int, add bool) error
+	// MSEBackward computes grad = (pred-target)/total over n elements.
+	MSEBackward(grad, pred, target device.DevPtr, n, total int) error
 	// SGD applies momentum SGD in place: m = mu*m + g; p -= lr*m.
 	SGD(p, g, m device.DevPtr, n int, lr, mu float32) error
 }
@@ -183,9 +188,12 @@ func ReluBackwardRef(dx, dy, y []float32) {
 	}
 }
 
-// ColSumRef is ColSum on slices: each column summed in row order.
-func ColSumRef(y, x []float32, rows, cols int) {
-	clear(y[:cols])
+// ColSumRef is ColSum on slices: each column summed in row order, added
+// to y with add.
+func ColSumRef(y, x []float32, rows, cols int, add bool) {
+	if !add {
+		clear(y[:cols])
+	}
 	for i := range rows {
 		xr := x[i*cols : i*cols+cols]
 		for j, v := range xr {
@@ -194,20 +202,21 @@ func ColSumRef(y, x []float32, rows, cols int) {
 	}
 }
 
-// MSELossRef returns 0.5*mean((pred-target)^2), summed in order.
-func MSELossRef(pred, target []float32) float32 {
+// MSELossRef returns 0.5*sum((pred-target)^2)/total, summed in order:
+// 0.5*mean((pred-target)^2) when total is len(pred).
+func MSELossRef(pred, target []float32, total int) float32 {
 	var s float32
 	target = target[:len(pred)]
 	for i, p := range pred {
 		d := p - target[i]
 		s += d * d
 	}
-	return 0.5 * s / float32(len(pred))
+	return 0.5 * s / float32(total)
 }
 
 // MSEBackwardRef is MSEBackward on slices.
-func MSEBackwardRef(grad, pred, target []float32) {
-	inv := 1 / float32(len(pred))
+func MSEBackwardRef(grad, pred, target []float32, total int) {
+	inv := 1 / float32(total)
 	target = target[:len(pred)]
 	grad = grad[:len(pred)]
 	for i, p := range pred {

@@ -144,7 +144,7 @@ func (h *Host) ReluBackward(dx, dy, y device.DevPtr, n int) error {
 }
 
 // ColSum implements Kernels.
-func (h *Host) ColSum(y, x device.DevPtr, rows, cols int) error {
+func (h *Host) ColSum(y, x device.DevPtr, rows, cols int, add bool) error {
 	ys, err := h.f32("colsum y", y, cols)
 	if err != nil {
 		return err
@@ -153,11 +153,11 @@ func (h *Host) ColSum(y, x device.DevPtr, rows, cols int) error {
 	if err != nil {
 		return err
 	}
-	return h.d.Launch(h.s, func() { ColSumRef(ys, xs, rows, cols) })
+	return h.d.Launch(h.s, func() { ColSumRef(ys, xs, rows, cols, add) })
 }
 
 // MSELoss implements Kernels.
-func (h *Host) MSELoss(loss, pred, target device.DevPtr, n int) error {
+func (h *Host) MSELoss(loss, pred, target device.DevPtr, n, total int, add bool) error {
 	ls, err := h.f32("mse loss", loss, 1)
 	if err != nil {
 		return err
@@ -170,11 +170,17 @@ func (h *Host) MSELoss(loss, pred, target device.DevPtr, n int) error {
 	if err != nil {
 		return err
 	}
-	return h.d.Launch(h.s, func() { ls[0] = MSELossRef(ps, ts) })
+	return h.d.Launch(h.s, func() {
+		v := MSELossRef(ps, ts, total)
+		if add {
+			v += ls[0]
+		}
+		ls[0] = v
+	})
 }
 
 // MSEBackward implements Kernels.
-func (h *Host) MSEBackward(grad, pred, target device.DevPtr, n int) error {
+func (h *Host) MSEBackward(grad, pred, target device.DevPtr, n, total int) error {
 	gs, err := h.f32("mse backward grad", grad, n)
 	if err != nil {
 		return err
@@ -187,7 +193,7 @@ func (h *Host) MSEBackward(grad, pred, target device.DevPtr, n int) error {
 	if err != nil {
 		return err
 	}
-	return h.d.Launch(h.s, func() { MSEBackwardRef(gs, ps, ts) })
+	return h.d.Launch(h.s, func() { MSEBackwardRef(gs, ps, ts, total) })
 }
 
 // SGD implements Kernels.

@@ -151,17 +151,30 @@ func checkElementwise(t *testing.T, r *rig) {
 	compute.ReluBackwardRef(want, a, b)
 	near(t, want, r.read(t, py, n), 0, "relu backward")
 
-	require.NoError(t, r.k.ColSum(py, pa, rows, cols))
+	require.NoError(t, r.k.ColSum(py, pa, rows, cols, false))
 	wantSum := make([]float32, cols)
-	compute.ColSumRef(wantSum, a, rows, cols)
+	compute.ColSumRef(wantSum, a, rows, cols, false)
 	near(t, wantSum, r.read(t, py, cols), 1e-4, "colsum")
+	// Added to what y holds: the sums of a chunk of the rows on top.
+	require.NoError(t, r.k.ColSum(py, pb, rows/2, cols, true))
+	compute.ColSumRef(wantSum, b, rows/2, cols, true)
+	near(t, wantSum, r.read(t, py, cols), 1e-4, "colsum added")
 
-	require.NoError(t, r.k.MSELoss(py, pa, pb, n))
-	near(t, []float32{compute.MSELossRef(a, b)}, r.read(t, py, 1), 1e-5, "mse loss")
+	require.NoError(t, r.k.MSELoss(py, pa, pb, n, n, false))
+	near(t, []float32{compute.MSELossRef(a, b, n)}, r.read(t, py, 1), 1e-5, "mse loss")
+	// In two chunks of the elements, each over the whole count, summed.
+	h := n / 2
+	require.NoError(t, r.k.MSELoss(py, pa, pb, h, n, false))
+	pa2, pb2 := pa+device.DevPtr(4*h), pb+device.DevPtr(4*h)
+	require.NoError(t, r.k.MSELoss(py, pa2, pb2, n-h, n, true))
+	near(t, []float32{compute.MSELossRef(a[:h], b[:h], n) + compute.MSELossRef(a[h:], b[h:], n)}, r.read(t, py, 1), 1e-5, "mse loss in chunks")
 
-	require.NoError(t, r.k.MSEBackward(py, pa, pb, n))
-	compute.MSEBackwardRef(want, a, b)
+	require.NoError(t, r.k.MSEBackward(py, pa, pb, n, n))
+	compute.MSEBackwardRef(want, a, b, n)
 	near(t, want, r.read(t, py, n), 1e-6, "mse backward")
+	require.NoError(t, r.k.MSEBackward(py, pa, pb, h, 3*n))
+	compute.MSEBackwardRef(want, a[:h], b[:h], 3*n)
+	near(t, want[:h], r.read(t, py, h), 1e-6, "mse backward of a chunk")
 
 	p, g, m := random(n, 7), random(n, 8), random(n, 9)
 	pp, pg, pm := r.alloc(t, p), r.alloc(t, g), r.alloc(t, m)

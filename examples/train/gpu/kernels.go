@@ -59,7 +59,7 @@ extern "C" __global__ void relu_backward(float *dx, const float *dy, const float
 
 // One block of 32x32 threads per 32 columns: thread (c, r) sums rows
 // r, r+32, ... of column c, then row 0 adds the 32 partial sums in order.
-extern "C" __global__ void colsum(float *y, const float *x, long long rows, int cols) {
+extern "C" __global__ void colsum(float *y, const float *x, long long rows, int cols, int add) {
 	__shared__ float part[32][33];
 	int c = blockIdx.x * 32 + threadIdx.x;
 	float s = 0.0f;
@@ -70,12 +70,12 @@ extern "C" __global__ void colsum(float *y, const float *x, long long rows, int 
 	if (threadIdx.y == 0 && c < cols) {
 		float t = 0.0f;
 		for (int k = 0; k < 32; k++) t += part[k][threadIdx.x];
-		y[c] = t;
+		y[c] = add ? y[c] + t : t;
 	}
 }
 
 // One block of 1024 threads: strided partial sums, then a tree.
-extern "C" __global__ void mse_loss(float *loss, const float *pred, const float *target, long long n) {
+extern "C" __global__ void mse_loss(float *loss, const float *pred, const float *target, long long n, long long total, int add) {
 	__shared__ float part[1024];
 	float s = 0.0f;
 	for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -88,11 +88,14 @@ extern "C" __global__ void mse_loss(float *loss, const float *pred, const float 
 		if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
 		__syncthreads();
 	}
-	if (threadIdx.x == 0) loss[0] = 0.5f * part[0] / (float)n;
+	if (threadIdx.x == 0) {
+		float v = 0.5f * part[0] / (float)total;
+		loss[0] = add ? v + loss[0] : v;
+	}
 }
 
-extern "C" __global__ void mse_backward(float *grad, const float *pred, const float *target, long long n) {
-	float inv = 1.0f / (float)n;
+extern "C" __global__ void mse_backward(float *grad, const float *pred, const float *target, long long n, long long total) {
+	float inv = 1.0f / (float)total;
 	LOOP(i, n) grad[i] = (pred[i] - target[i]) * inv;
 }
 
@@ -272,6 +275,14 @@ func i64Arg(n int) uint64           { return uint64(int64(n)) }
 func i32Arg(n int) uint64           { return uint64(uint32(int32(n))) }
 func f32Arg(f float32) uint64       { return uint64(math.Float32bits(f)) }
 
+// boolInt is a flag as a kernel's int argument.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func grid(n int) uint32 { return uint32(min((n+255)/256, 1<<20)) }
 
 // launch queues kernel i on the stream with a grid of gx blocks of bx*by
@@ -368,27 +379,27 @@ func (k *Kernels) ReluBackward(dx, dy, y device.DevPtr, n int) error {
 }
 
 // ColSum implements compute.Kernels.
-func (k *Kernels) ColSum(y, x device.DevPtr, rows, cols int) error {
+func (k *Kernels) ColSum(y, x device.DevPtr, rows, cols int, add bool) error {
 	if err := checkSize("colsum", rows, cols); err != nil {
 		return err
 	}
-	return k.launch(kColSum, uint32((cols+31)/32), 32, 32, ptrArg(y), ptrArg(x), i64Arg(rows), i32Arg(cols))
+	return k.launch(kColSum, uint32((cols+31)/32), 32, 32, ptrArg(y), ptrArg(x), i64Arg(rows), i32Arg(cols), i32Arg(boolInt(add)))
 }
 
 // MSELoss implements compute.Kernels.
-func (k *Kernels) MSELoss(loss, pred, target device.DevPtr, n int) error {
-	if err := checkSize("mse loss", n); err != nil {
+func (k *Kernels) MSELoss(loss, pred, target device.DevPtr, n, total int, add bool) error {
+	if err := checkSize("mse loss", n, total); err != nil {
 		return err
 	}
-	return k.launch(kMSELoss, 1, 1024, 1, ptrArg(loss), ptrArg(pred), ptrArg(target), i64Arg(n))
+	return k.launch(kMSELoss, 1, 1024, 1, ptrArg(loss), ptrArg(pred), ptrArg(target), i64Arg(n), i64Arg(total), i32Arg(boolInt(add)))
 }
 
 // MSEBackward implements compute.Kernels.
-func (k *Kernels) MSEBackward(grad, pred, target device.DevPtr, n int) error {
-	if err := checkSize("mse backward", n); err != nil {
+func (k *Kernels) MSEBackward(grad, pred, target device.DevPtr, n, total int) error {
+	if err := checkSize("mse backward", n, total); err != nil {
 		return err
 	}
-	return k.launch(kMSEBackward, grid(n), 256, 1, ptrArg(grad), ptrArg(pred), ptrArg(target), i64Arg(n))
+	return k.launch(kMSEBackward, grid(n), 256, 1, ptrArg(grad), ptrArg(pred), ptrArg(target), i64Arg(n), i64Arg(total))
 }
 
 // SGD implements compute.Kernels.

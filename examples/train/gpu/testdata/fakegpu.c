@@ -111,16 +111,19 @@ int cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned
 	case 4: { float *dx = P(float *, 0); const float *dy = P(float *, 1), *y = P(float *, 2); long long n = P(long long, 3);
 		for (long long i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 		return 0; }
-	case 5: { float *y = P(float *, 0); const float *x = P(float *, 1); long long rows = P(long long, 2); int cols = P(int, 3);
-		for (int c = 0; c < cols; c++) { float s = 0.0f; for (long long r = 0; r < rows; r++) s += x[r * cols + c]; y[c] = s; }
+	case 5: { float *y = P(float *, 0); const float *x = P(float *, 1); long long rows = P(long long, 2); int cols = P(int, 3); int add = P(int, 4);
+		for (int c = 0; c < cols; c++) { float s = 0.0f; for (long long r = 0; r < rows; r++) s += x[r * cols + c]; y[c] = add ? y[c] + s : s; }
 		return 0; }
 	case 6: { float *loss = P(float *, 0); const float *p = P(float *, 1), *t = P(float *, 2); long long n = P(long long, 3);
+		long long total = P(long long, 4); int add = P(int, 5);
 		float s = 0.0f;
 		for (long long i = 0; i < n; i++) { float d = p[i] - t[i]; s += d * d; }
-		loss[0] = 0.5f * s / (float)n;
+		float v = 0.5f * s / (float)total;
+		loss[0] = add ? v + loss[0] : v;
 		return 0; }
 	case 7: { float *g = P(float *, 0); const float *p = P(float *, 1), *t = P(float *, 2); long long n = P(long long, 3);
-		float inv = 1.0f / (float)n;
+		long long total = P(long long, 4);
+		float inv = 1.0f / (float)total;
 		for (long long i = 0; i < n; i++) g[i] = (p[i] - t[i]) * inv;
 		return 0; }
 	case 8: { float *p = P(float *, 0); const float *g = P(float *, 1); float *m = P(float *, 2);
