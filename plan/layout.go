@@ -90,11 +90,21 @@ func (l *Layout) Need() int64 {
 	return l.Touched
 }
 
-// Fits reports whether the layout fits the budget with no page moved.
-func (l *Layout) Fits() bool { return l.Unplaced == 0 && l.Need() <= l.Budget }
+// Top is the budget the device can map: its whole pages (page 0: all of
+// it). A block that reaches into the budget's last partial page is over.
+func (l *Layout) Top() int64 {
+	if l.Page > 0 {
+		return l.Budget / l.Page * l.Page
+	}
+	return l.Budget
+}
 
-// Over is the bytes the layout needs beyond the budget (0 when it fits).
-func (l *Layout) Over() int64 { return max(0, l.Need()-l.Budget) }
+// Fits reports whether the layout fits the budget with no page moved.
+func (l *Layout) Fits() bool { return l.Unplaced == 0 && l.Need() <= l.Top() }
+
+// Over is the bytes the layout needs beyond the budget's whole pages (0
+// when it fits).
+func (l *Layout) Over() int64 { return max(0, l.Need()-l.Top()) }
 
 // LayOut packs the blocks of the planned iteration r (its memory model, its
 // policy and the simulation of the policy as the executor issues it) into
@@ -218,7 +228,7 @@ func Blocks(r *Result) []Block {
 		bh.recomputes(p.Recomputes)
 	}
 	madeOrdinals(m, bh.ordinal)
-	pairs := pairAcross(m, bh.holes, n)
+	pairs := bh.pairAcross(m)
 	for k := range m.Lifetimes {
 		out = bh.lifetime(out, &m.Lifetimes[k], pairs)
 	}
@@ -301,23 +311,17 @@ func madeOrdinals(m *memory.Model, ordinal map[trace.TensorID]int) {
 	}
 }
 
-// lifetime appends lt's blocks to out. A storage paired across the
-// iteration's end (pairs) is one block made at Alloc and kept into the
-// next iteration, which frees it at its pair's Free, or, the pair's freed
-// half, none. Any other is its life from Alloc (0 when live at entry) to
-// Free (at most n, at least its hold), cut at its holes; resident at both
-// ends with gaps between, its last piece and its first are one block.
+// lifetime appends lt's blocks to out: its life from Alloc (0 when live
+// at entry) to Free (at most n, at least its hold), cut at its holes. The
+// made storage of a pair across the iteration's end (pairs) has its last
+// piece kept into the next iteration, which frees it where its pair is
+// freed; the pair's freed half has none. Any other resident at both ends
+// with gaps between has its last piece and its first as one block.
 func (bh *blockHoles) lifetime(out []Block, lt *memory.Lifetime, pairs map[trace.TensorID]int) []Block {
 	n := bh.n
-	if in, ok := pairs[lt.Tensor.ID]; ok {
-		if in >= 0 {
-			// One block across the iteration's end: made at Alloc and
-			// kept into the next iteration, which frees it at in's Free.
-			b := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Made, Op: lt.Alloc, Index: bh.ordinal[lt.Tensor.ID]}
-			b.Life = place.Life{N: 2, IV: [2]place.Span{{From: int32(lt.Alloc), To: n}, {From: 0, To: int32(in)}}}
-			out = append(out, b)
-		}
-		return out
+	in, paired := pairs[lt.Tensor.ID]
+	if paired && in < 0 {
+		return out // the freed half of a pair
 	}
 	first := Block{Size: lt.Bytes, Tensor: lt.Tensor.ID, Kind: Entry}
 	from, to := int32(0), min(int32(lt.Free), n)
@@ -330,6 +334,13 @@ func (bh *blockHoles) lifetime(out []Block, lt *memory.Lifetime, pairs map[trace
 	}
 	k0 := len(out)
 	out = appendPieces(out, first, from, to, bh.holes[lt.Tensor.ID])
+	if paired {
+		// Its last place, to the end, kept into the next iteration,
+		// which frees it at in's Free: one block across the end.
+		b := &out[len(out)-1]
+		b.Life = place.Life{N: 2, IV: [2]place.Span{b.Life.IV[0], {From: 0, To: int32(in)}}}
+		return out
+	}
 	if last := len(out) - 1; last > k0 && out[k0].Life.IV[0].From == 0 && out[last].Life.IV[0].To == n {
 		// Resident at both ends with gaps between: where the last piece
 		// ends one iteration, the first begins the next, so the two
@@ -360,20 +371,31 @@ func (bh *blockHoles) remadeBlocks(out []Block) []Block {
 // on the device they are one block, made in one iteration and freed in the
 // next (a value a step keeps for the next). Storages of the same size pair
 // in the order they were made; a pair is one block when the one kept is
-// freed before the next is made and neither leaves the device. The result
-// maps the made storage to the op its pair is freed at, and the freed one
-// to -1.
-func pairAcross(m *memory.Model, holes map[trace.TensorID][]hole, n int32) map[trace.TensorID]int {
+// freed before the next takes its last place, the one it is in at the
+// end: where it is made, or where it comes back to when the plan moves it
+// off the device (swapped out, dropped) before that (a gradient the
+// optimizer reads and the next step's forward reads again, brought back
+// for the optimizer: the two values' lives cross, its last place's and
+// the one kept's do not). The result maps the made storage to the op its
+// pair is freed at, and the freed one to -1.
+func (bh *blockHoles) pairAcross(m *memory.Model) map[trace.TensorID]int {
+	holes, n := bh.holes, bh.n
 	byIn, byOut := map[int64][]*memory.Lifetime{}, map[int64][]*memory.Lifetime{}
+	last := map[trace.TensorID]int32{} // a made storage: where its last place begins
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if len(holes[lt.Tensor.ID]) > 0 || lt.Tensor.Kind.Persistent() {
+		if lt.Tensor.Kind.Persistent() {
 			continue
 		}
 		switch {
-		case lt.LiveIn && !lt.LiveOut && int32(lt.Free) < n:
+		case lt.LiveIn && !lt.LiveOut && bh.freed(lt) < n && len(holes[lt.Tensor.ID]) == 0:
 			byIn[lt.Bytes] = append(byIn[lt.Bytes], lt)
 		case !lt.LiveIn && lt.Alloc >= 0 && int32(lt.Free) >= n:
+			from, ok := lastPlace(int32(lt.Alloc), n, holes[lt.Tensor.ID])
+			if !ok {
+				continue // off the device at the end
+			}
+			last[lt.Tensor.ID] = from
 			byOut[lt.Bytes] = append(byOut[lt.Bytes], lt)
 		}
 	}
@@ -383,13 +405,36 @@ func pairAcross(m *memory.Model, holes map[trace.TensorID][]hole, n int32) map[t
 		slices.SortFunc(ins, func(x, y *memory.Lifetime) int { return cmp.Compare(x.Tensor.ID, y.Tensor.ID) })
 		slices.SortFunc(outs, func(x, y *memory.Lifetime) int { return cmp.Compare(x.Tensor.ID, y.Tensor.ID) })
 		for i := range min(len(ins), len(outs)) {
-			if ins[i].Free <= outs[i].Alloc {
-				pairs[outs[i].Tensor.ID] = ins[i].Free
+			if f := bh.freed(ins[i]); f <= last[outs[i].Tensor.ID] {
+				pairs[outs[i].Tensor.ID] = int(f)
 				pairs[ins[i].Tensor.ID] = -1
 			}
 		}
 	}
 	return pairs
+}
+
+// freed is the op at which lt's memory is free: its Free, or later where
+// a recompute keeps it as an input (hold).
+func (bh *blockHoles) freed(lt *memory.Lifetime) int32 {
+	f := int32(lt.Free)
+	if h, ok := bh.hold[lt.Tensor.ID]; ok {
+		f = max(f, h)
+	}
+	return f
+}
+
+// lastPlace is the op at which a storage made at from and resident at the
+// end n (holes its gaps off the device) takes its last place: from, or the
+// end of its last gap; false when a gap reaches the end.
+func lastPlace(from, n int32, holes []hole) (int32, bool) {
+	for _, h := range holes {
+		if h.span.To >= n || h.span.From >= n {
+			return 0, false
+		}
+		from = max(from, h.span.To)
+	}
+	return from, true
 }
 
 // hole is a gap of a storage off the device, and what brings it back.

@@ -342,15 +342,16 @@ func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int
 	}
 	held := make([]int64, n)
 	for try := 1; try < 2*layoutTries && !r.Layout.Fits(); try++ {
-		over := r.Layout.Over()
-		// The bytes above the budget in use at each op: added where a
-		// block's life begins, taken where it ends, summed over the ops.
+		over, top := r.Layout.Over(), r.Layout.Top()
+		// The bytes above the budget's whole pages in use at each op:
+		// added where a block's life begins, taken where it ends, summed
+		// over the ops.
 		above := make([]int64, n+1)
 		for _, b := range r.Layout.Blocks {
-			if b.Off < 0 || b.Off+b.Size <= budget {
+			if b.Off < 0 || b.Off+b.Size <= top {
 				continue
 			}
-			hi := b.Off + b.Size - max(b.Off, budget)
+			hi := b.Off + b.Size - max(b.Off, top)
 			for _, v := range b.Life.IV[:b.Life.N] {
 				if from, to := min(int(v.From), n), min(int(v.To), n); from < to {
 					above[from] += hi
