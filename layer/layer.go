@@ -34,8 +34,7 @@ func phaseRuns(ops []trace.Op) []Group {
 // into n groups of (nearly) equal op counts; other phases stay one group
 // each, but for an optimizer run longer than a forward group (a step in
 // pieces, Iteration.Pieces and replay --split, or a foreach step of many
-// ops), which is cut into n groups
-// too. The planner counts its prefetch distance in groups: a step in
+// ops), which is cut into n groups too. The planner counts its prefetch distance in groups: a step in
 // pieces as one group has every piece's copy back triggered before the
 // step, memory the pieces before it still hold; cut, each piece's inputs
 // come back a few groups ahead of it while the step streams (llama7b-8l
