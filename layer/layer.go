@@ -31,35 +31,16 @@ func phaseRuns(ops []trace.Op) []Group {
 }
 
 // Uniform is the paper's grouping: the forward and the backward are each cut
-// into n groups of (nearly) equal op counts; other phases stay one group
-// each, but for an optimizer run longer than a forward group (a step in
-// pieces, Iteration.Pieces and replay --split, or a foreach step of many
-// ops), which is cut into n groups too. The planner counts its prefetch distance in groups: a step in
-// pieces as one group has every piece's copy back triggered before the
-// step, memory the pieces before it still hold; cut, each piece's inputs
-// come back a few groups ahead of it while the step streams (llama7b-8l
-// at 25% of its peak, kernel times: 449.1 ms simulated against 461.5 ms
-// as one group). n < 1 is taken as 1.
+// into n groups of (nearly) equal op counts; other phases (the optimizer)
+// stay one group each. n < 1 is taken as 1.
 func Uniform(ops []trace.Op, n int) []Group {
 	if n < 1 {
 		n = 1
 	}
-	runs := phaseRuns(ops)
-	// The ops of a forward group: an optimizer run longer than that (a
-	// step in pieces) is cut into n groups too.
-	per := 0
-	for _, r := range runs {
-		if r.Phase == trace.PhaseForward {
-			per = max(per, r.Len()/min(n, r.Len()))
-		}
-	}
 	var out []Group
-	for _, r := range runs {
+	for _, r := range phaseRuns(ops) {
 		k := 1
-		switch {
-		case r.Phase == trace.PhaseForward || r.Phase == trace.PhaseBackward:
-			k = min(n, r.Len())
-		case r.Phase == trace.PhaseOptimizer && per > 0 && r.Len() > per:
+		if r.Phase == trace.PhaseForward || r.Phase == trace.PhaseBackward {
 			k = min(n, r.Len())
 		}
 		for j := range k {
