@@ -334,7 +334,7 @@ func (bh *blockHoles) lifetime(out []Block, lt *memory.Lifetime, pairs map[trace
 	}
 	k0 := len(out)
 	out = appendPieces(out, first, from, to, bh.holes[lt.Tensor.ID])
-	if paired && len(out) > k0 {
+	if paired {
 		// Its last place, to the end, kept into the next iteration,
 		// which frees it at in's Free: one block across the end.
 		b := &out[len(out)-1]
