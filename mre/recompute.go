@@ -252,7 +252,9 @@ func (cs *candScan) gapCandidate(lt *memory.Lifetime, inputs []trace.TensorID, i
 		if in == nil || !cs.unwritten(id, p, j) {
 			return rcand{}, false
 		}
-		if liveAt(in, j) {
+		// One the curve frees at j itself is not: it is held, like one
+		// freed earlier, so that the executor keeps it to j.
+		if liveAt(in, j) && in.Free > j {
 			continue // on the device at j anyway
 		}
 		calls := maxRemakeCalls
@@ -453,8 +455,8 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	if c.Before <= c.Drop+1 {
 		return c, 0, false
 	}
-	if slices.ContainsFunc(c.Kept, func(k simulate.Kept) bool { return k.From >= c.Before }) {
-		c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From >= c.Before })
+	if slices.ContainsFunc(c.Kept, func(k simulate.Kept) bool { return k.From > c.Before }) {
+		c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From > c.Before })
 	}
 	ps.moves, ps.ranges = ps.moves[:0], ps.ranges[:0]
 	ps.add(c.Drop+1, c.Before, -c.Bytes)
@@ -514,7 +516,7 @@ func (ps *picker) commit(c rcand) {
 	for _, m := range ps.moves {
 		d := &ps.chosen[m.x]
 		d.Before = m.to
-		d.Kept = slices.DeleteFunc(slices.Clone(d.Kept), func(k simulate.Kept) bool { return k.From >= m.to })
+		d.Kept = slices.DeleteFunc(slices.Clone(d.Kept), func(k simulate.Kept) bool { return k.From > m.to })
 		for _, id := range d.inputs {
 			ps.readers[id] = append(ps.readers[id], m.to)
 		}

@@ -96,7 +96,7 @@ func verifiedReplay(t *testing.T, base []string) {
 // names it and says --split runs it in pieces); with --split they plan
 // with recompute, their blocks laid out within the limit, replay with
 // every byte verified, and replay timed at a scale that keeps the GPU's
-// proportions placed (fewer than one block in a hundred missing its
+// proportions placed (fewer than one block in five hundred missing its
 // place), with no forced eviction and no on-demand swap-in once STABLE.
 func TestDeepCutsSplit(t *testing.T) {
 	if raceEnabled {
@@ -144,7 +144,7 @@ func TestDeepCutsSplit(t *testing.T) {
 				}
 				// What the host holds longer than in the step profiled
 				// is moved off the layout's places at the next step.
-				assert.LessOrEqual(t, 100*x.Missed, x.Placed, "round %d iteration %d: %d blocks missed their places, %d placed", x.Round, x.Iter, x.Missed, x.Placed)
+				assert.LessOrEqual(t, 500*x.Missed, x.Placed, "round %d iteration %d: %d blocks missed their places, %d placed", x.Round, x.Iter, x.Missed, x.Placed)
 			}
 			assert.GreaterOrEqual(t, stable, 3)
 			assert.Equal(t, stable, placed, "a layout that fits is followed every STABLE step")
