@@ -149,9 +149,13 @@ func (cs *candScan) unwritten(id trace.TensorID, from, to int) bool {
 	return true
 }
 
-// liveAt reports whether a storage is on the device at op j anyway.
+// liveAt reports whether a storage is on the device at op j anyway: the
+// curve counts it at j. One it frees at j itself (Free == j, read last
+// before j) is not: a recompute before j that reads it holds it (Kept), or
+// the layout lays the recompute's block over it while the executor still
+// keeps it for the recompute.
 func liveAt(in *memory.Lifetime, j int) bool {
-	return in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free >= j)
+	return in.Tensor.Kind.Persistent() || ((in.LiveIn || in.Alloc < j) && in.Free > j)
 }
 
 // remake reports how an activation freed before op j can be made
@@ -252,9 +256,7 @@ func (cs *candScan) gapCandidate(lt *memory.Lifetime, inputs []trace.TensorID, i
 		if in == nil || !cs.unwritten(id, p, j) {
 			return rcand{}, false
 		}
-		// One the curve frees at j itself is not: it is held, like one
-		// freed earlier, so that the executor keeps it to j.
-		if liveAt(in, j) && in.Free > j {
+		if liveAt(in, j) {
 			continue // on the device at j anyway
 		}
 		calls := maxRemakeCalls

@@ -122,7 +122,7 @@ func bruteForce(it *trace.Iteration, m *memory.Model, times []float64, limit int
 				var kept []simulate.Kept
 				for _, id := range it.Ops[g.prod].In {
 					l := m.Lifetime(id)
-					if _, chained := before[id]; l == nil || chained || l.Tensor.Kind.Persistent() || l.Free >= before[g.id] {
+					if _, chained := before[id]; l == nil || chained || l.Tensor.Kind.Persistent() || l.Free > before[g.id] {
 						continue
 					}
 					kept = append(kept, simulate.Kept{Tensor: id, Bytes: l.Bytes, From: l.Free})
@@ -374,4 +374,58 @@ func TestRemakesDownAChain(t *testing.T) {
 	assert.InDelta(t, 10, held.cost, 1e-9)
 	assert.Equal(t, int64(8*mib), held.net, "what holding b costs")
 	assert.Equal(t, int64(16*mib), deep.net)
+}
+
+// TestHoldsAnInputFreedAtTheRecomputesOp: an input the curve frees at the
+// op the recompute runs before (read last by the op just before it) is not
+// on the device there, though the executor keeps it until the recompute
+// has run: the candidate holds it through that op (Kept from it), and the
+// simulation counts its bytes there. Counted as on the device, the layout
+// laid the recompute's block over it.
+func TestHoldsAnInputFreedAtTheRecomputesOp(t *testing.T) {
+	it := &trace.Iteration{Tensors: map[trace.TensorID]*trace.Tensor{}}
+	tensor := func(id trace.TensorID, kind trace.Kind, bytes int64) {
+		it.Tensors[id] = &trace.Tensor{ID: id, Bytes: bytes, Kind: kind, DType: "float32", Shape: []int64{bytes / 4}}
+	}
+	tensor(1, trace.KindParam, 8*mib)
+	tensor(2, trace.KindActivation, 8*mib)  // a
+	tensor(3, trace.KindActivation, 32*mib) // b = f(a): dropped and made again
+	for id := trace.TensorID(4); id <= 7; id++ {
+		tensor(id, trace.KindActivation, 8*mib)
+	}
+	op := func(name string, ph trace.Phase, in []trace.TensorID, out ...trace.TensorID) {
+		it.Ops = append(it.Ops, trace.Op{Seq: len(it.Ops), Name: name, Phase: ph, In: in, Out: out, Mem: -1})
+	}
+	op("aten::mm", trace.PhaseForward, []trace.TensorID{1}, 2)         // 0: a
+	op("aten::mul", trace.PhaseForward, []trace.TensorID{2}, 3)        // 1: b = f(a)
+	op("aten::tanh", trace.PhaseForward, []trace.TensorID{3}, 4)       // 2: reads b
+	op("aten::ones_like", trace.PhaseBackward, []trace.TensorID{4}, 5) // 3: the peak
+	op("aten::mul", trace.PhaseBackward, []trace.TensorID{5, 2}, 6)    // 4: reads a last
+	op("aten::mul", trace.PhaseBackward, []trace.TensorID{6, 3}, 7)    // 5: reads b
+	m := memory.Build(it, nil)
+	a := m.Lifetime(2)
+	require.NotNil(t, a)
+	require.Equal(t, 5, a.Free, "a no longer counts at op 5")
+	times := []float64{100, 10, 10, 10, 10, 10}
+	all := make([]bool, len(it.Ops))
+	for i := range all {
+		all[i] = true
+	}
+	all[0] = false // a cannot be made again: held
+	rcs := recomputeCandidates(m, m.Curve, m.Peak-8*mib, 0, all, times)
+	var c *rcand
+	for x := range rcs {
+		if rcs[x].Tensor == 3 && rcs[x].Before == 5 && !rcs[x].deep {
+			c = &rcs[x]
+		}
+	}
+	require.NotNil(t, c, "%+v", rcs)
+	assert.Equal(t, []simulate.Kept{{Tensor: 2, Bytes: 8 * mib, From: 5}}, c.Kept, "a, held through op 5")
+	assert.Equal(t, int64(24*mib), c.net, "b's bytes less a's")
+
+	sim, err := simulate.Run(simulate.Input{OpTimes: times, Curve: m.Curve, Recomputes: []simulate.Recompute{c.Recompute}, Link: simulate.H200()})
+	require.NoError(t, err)
+	// At op 5 the device holds b made again, a held for it and what the
+	// curve counts there (b's 32 MiB is dropped over (2, 5) only).
+	assert.Equal(t, m.Curve[5]+8*mib, sim.Ops[5].Mem, "a counted at op 5")
 }
