@@ -282,6 +282,18 @@ func (cs *candScan) gapCandidate(lt *memory.Lifetime, inputs []trace.TensorID, i
 	}, true
 }
 
+// keptFor is what of kept a recompute made before op before still holds:
+// an input held from after before (the curve frees it later) is not held
+// for it. A held input freed at before itself stays (liveAt). kept is
+// cloned where something goes, never changed.
+func keptFor(kept []simulate.Kept, before int) []simulate.Kept {
+	past := func(k simulate.Kept) bool { return k.From > before }
+	if !slices.ContainsFunc(kept, past) {
+		return kept
+	}
+	return slices.DeleteFunc(slices.Clone(kept), past)
+}
+
 // appendNew appends to ids those of xs it does not hold yet.
 func appendNew(ids []trace.TensorID, xs ...trace.TensorID) []trace.TensorID {
 	for _, x := range xs {
@@ -457,9 +469,7 @@ func (ps *picker) trial(c rcand) (rcand, int64, bool) {
 	if c.Before <= c.Drop+1 {
 		return c, 0, false
 	}
-	if slices.ContainsFunc(c.Kept, func(k simulate.Kept) bool { return k.From > c.Before }) {
-		c.Kept = slices.DeleteFunc(slices.Clone(c.Kept), func(k simulate.Kept) bool { return k.From > c.Before })
-	}
+	c.Kept = keptFor(c.Kept, c.Before)
 	ps.moves, ps.ranges = ps.moves[:0], ps.ranges[:0]
 	ps.add(c.Drop+1, c.Before, -c.Bytes)
 	if len(c.Kept) == 0 && !ps.chains(c.inputs, c.Before) {
@@ -518,7 +528,7 @@ func (ps *picker) commit(c rcand) {
 	for _, m := range ps.moves {
 		d := &ps.chosen[m.x]
 		d.Before = m.to
-		d.Kept = slices.DeleteFunc(slices.Clone(d.Kept), func(k simulate.Kept) bool { return k.From > m.to })
+		d.Kept = keptFor(d.Kept, m.to)
 		for _, id := range d.inputs {
 			ps.readers[id] = append(ps.readers[id], m.to)
 		}
