@@ -305,8 +305,12 @@ type IssuePlan struct {
 // the op that ended last before it started on the simulated engine (never
 // before Out), each copy back at the start of the op running when it
 // started (never before In, never after Use), and copies are ordered by
-// their simulated starts. Swaps that wrap the iteration keep Out and In.
-// Without a result (nil) the plan's own Out and In are used.
+// their simulated starts. A swap that wraps the iteration is issued the
+// same way: its copy out no later than the op before Free (whose op waits
+// for it), its copy back no later than Use. Issued at Out, a wrapping
+// copy out sat on the in-order stream ahead of copies the step needed
+// sooner, which the simulated engine served first. Without a result (nil)
+// the plan's own Out and In are used.
 func Issue(swaps []Swap, r *Result) *IssuePlan {
 	ip := &IssuePlan{OutOp: make([]int, len(swaps)), InOp: make([]int, len(swaps)),
 		OutOrder: make([]int, len(swaps)), InOrder: make([]int, len(swaps))}
@@ -318,12 +322,14 @@ func Issue(swaps []Swap, r *Result) *IssuePlan {
 	}
 	n := len(r.Ops)
 	for i, s := range swaps {
-		if s.Wraps() {
-			continue
-		}
 		if st := r.Out[i].Start; !math.IsNaN(st) {
 			t := sort.Search(n, func(x int) bool { return r.Ops[x].End > st+1e-9 }) - 1
-			ip.OutOp[i] = max(s.Out, min(t, s.Use-1))
+			if s.Wraps() {
+				// Done before op Free, which reuses its memory.
+				ip.OutOp[i] = max(s.Out, min(t, s.Free-1, n-1))
+			} else {
+				ip.OutOp[i] = max(s.Out, min(t, s.Use-1))
+			}
 		}
 		if st := r.In[i].Start; !math.IsNaN(st) {
 			t := sort.Search(n, func(x int) bool { return r.Ops[x].Start > st+1e-9 }) - 1

@@ -235,6 +235,31 @@ func TestIssuePlanReproducesSchedule(t *testing.T) {
 	assert.Greater(t, fifo.IterationUS, edf.IterationUS+500, "issued at Out: A's copy delays B's")
 }
 
+// TestIssuePlanWrapsAfterUrgentCopies: a copy out that wraps the
+// iteration (needed only by the next one) is issued where the simulated
+// engine started it, behind the copies the step needed sooner; issued at
+// its Out, it sat on the in-order stream ahead of them.
+func TestIssuePlanWrapsAfterUrgentCopies(t *testing.T) {
+	swaps := []Swap{
+		{Tensor: 1, Bytes: 55e6, Out: 0, Free: 6, In: 6, Use: 7},
+		{Tensor: 2, Bytes: 55e6, Out: 1, Free: 8, In: 0, Use: 0}, // wraps
+		{Tensor: 3, Bytes: 55e6, Out: 2, Free: 3, In: 4, Use: 5},
+	}
+	times := []float64{100, 100, 100, 1000, 1000, 1000, 1000, 100}
+	edf, err := Run(Input{OpTimes: times, Swaps: swaps, Link: H200()})
+	require.NoError(t, err)
+	require.Less(t, edf.Out[2].Start, edf.Out[1].Start, "the engine serves the urgent copy first")
+	ip := Issue(swaps, edf)
+	assert.Greater(t, ip.OutOp[1], swaps[1].Out, "the wrapping copy is issued after its Out")
+	assert.Less(t, ip.OutOp[1], swaps[1].Free, "and before the op that reuses its memory")
+	planned, err := Run(Input{OpTimes: times, Swaps: swaps, Link: H200(), Issue: ip})
+	require.NoError(t, err)
+	assert.InDelta(t, edf.IterationUS, planned.IterationUS, 1e-6, "issued as simulated")
+	atOut, err := Run(Input{OpTimes: times, Swaps: swaps, Link: H200(), Issue: Issue(swaps, nil)})
+	require.NoError(t, err)
+	assert.Greater(t, atOut.IterationUS, edf.IterationUS+500, "issued at Out: the wrapping copy delays the urgent one")
+}
+
 // TestRecompute: a recompute runs its producer's time on the compute stream
 // before the op that needs it, and frees its bytes from the op after its
 // drop to that op.
