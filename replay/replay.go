@@ -590,8 +590,12 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 		}
 		view := layer.Classify(it, o) == layer.KindView
 		for _, id := range o.Out {
-			if view && it.Tensors[id].Frozen && slices.Contains(o.In, id) {
-				continue // a view of a read-only weight writes nothing
+			if view && slices.Contains(o.In, id) {
+				// A view of its input writes nothing (mre.Writes): listed
+				// among the outputs, a weight's view would end the host
+				// copy the Engine keeps of it, and every swap the plan
+				// makes of it with no copy out would copy.
+				continue
 			}
 			if !seen[id] && !it.Tensors[id].Kind.Persistent() {
 				// First appearance in this iteration as an output: a new
