@@ -3,6 +3,7 @@ package trace
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -184,10 +185,12 @@ func (p Pieces) Piece(op *Op, i int) (in, out []TensorID) {
 
 // Origin says where an op of a split iteration came from: the index of the
 // op of the original iteration, and the share of that op's bytes (and so
-// of its time, FLOPs and bytes moved) this op has; 1 for an op not split.
+// of its time, FLOPs and bytes moved) this op has, 1 for an op not split;
+// and which of the op's pieces it is (Pieces.Piece), 0 for an op not split.
 type Origin struct {
 	Op    int
 	Share float64
+	Piece int
 }
 
 // Split returns it with every op that divides into pieces (Divide) run as
@@ -262,7 +265,7 @@ func Split(it *Iteration) (*Iteration, []Origin) {
 				q.Mem = before + int64(float64(op.Mem-before)*done)
 			}
 			out.Ops = append(out.Ops, q)
-			origins = append(origins, Origin{Op: i, Share: share})
+			origins = append(origins, Origin{Op: i, Share: share, Piece: k})
 		}
 	}
 	return &out, origins
@@ -335,4 +338,131 @@ func Gradients(it *Iteration) map[TensorID]bool {
 		}
 	}
 	return g
+}
+
+// Hoist returns split (Split of an iteration, origins its Origins) with
+// each piece of a split op moved up to just after the last op before it
+// that lists a tensor the piece lists, as a host that runs each piece of
+// an optimizer step as soon as its gradient is final would (an optimizer
+// step in the backward): a piece reads and writes only its own elements
+// and the tensors every piece shares, so no op between its new place and
+// its old one reads what it writes or writes what it reads, and every
+// value each op reads is the one it read before. A piece that lists
+// nothing an earlier op lists (a step counter's increment) runs just
+// before the first piece that needs it. Pieces moved after one op keep
+// their order (an optimizer step's pieces then run in the order the
+// backward finishes their gradients, not in the step's); a moved piece takes the phase and module of the op it follows, and the
+// recorded memory after it is that op's (a piece writes in place). An op
+// that does not divide, or divides into one piece, stays where it is. The
+// result shares split's Tensors; the Origins come along.
+func Hoist(split *Iteration, origins []Origin) (*Iteration, []Origin) {
+	n := len(split.Ops)
+	count := make(map[int]int, n)
+	for _, o := range origins {
+		count[o.Op]++
+	}
+	piece := func(i int) bool { return count[origins[i].Op] > 1 }
+	kin := func(i, j int) bool { return piece(i) && piece(j) && origins[i].Op == origins[j].Op }
+
+	// Per tensor, the ops that listed it so far in runs: a run is one op,
+	// or pieces of one op, which may run in any order among themselves.
+	// An op depends on every op of the last run that is not its own.
+	type runs struct{ last, prev []int }
+	touched := make(map[TensorID]*runs, len(split.Tensors))
+	const unplaced = -1
+	pos := make([]int, n) // where each op is in order; unplaced: not yet
+	order := make([]int, 0, n)
+	by := make([]int, n) // the op a moved piece follows; -1: not moved
+	// A free piece depends on no op but free pieces (a step counter's
+	// increment): it may run anywhere before the ops that need it, and
+	// runs just before the first of them.
+	free := make([]bool, n)
+	deps := make([][]int, n)
+	var place func(i, at int)
+	// place puts op i at position at of order, or moves it there from
+	// later (a free piece), and the free pieces it needs that are not
+	// yet ahead of at just before it.
+	place = func(i, at int) {
+		for _, j := range deps[i] {
+			if free[j] && (pos[j] == unplaced || pos[j] >= at) {
+				place(j, at)
+				at = pos[j] + 1
+			}
+		}
+		from := len(order)
+		if pos[i] != unplaced {
+			from = pos[i]
+			order = slices.Delete(order, from, from+1)
+		}
+		if at == len(order) && pos[i] == unplaced {
+			pos[i] = at
+			order = append(order, i)
+			return
+		}
+		by[i] = order[at-1]
+		order = slices.Insert(order, at, i)
+		for k := at; k <= min(from, len(order)-1); k++ {
+			pos[order[k]] = k
+		}
+	}
+	for i := range split.Ops {
+		pos[i], by[i] = unplaced, -1
+		op := &split.Ops[i]
+		for _, ids := range [2][]TensorID{op.In, op.Out} {
+			for _, id := range ids {
+				r := touched[id]
+				if r == nil {
+					r = &runs{}
+					touched[id] = r
+				}
+				if len(r.last) > 0 && kin(i, r.last[0]) {
+					deps[i] = append(deps[i], r.prev...)
+					r.last = append(r.last, i)
+					continue
+				}
+				deps[i] = append(deps[i], r.last...)
+				r.prev, r.last = r.last, []int{i}
+			}
+		}
+		slices.Sort(deps[i])
+		deps[i] = slices.Compact(deps[i])
+		if !piece(i) {
+			place(i, len(order))
+			continue
+		}
+		// A piece runs after the last op it depends on and after the
+		// pieces moved there before it.
+		at, bound := 0, false
+		for _, j := range deps[i] {
+			if !free[j] {
+				at, bound = max(at, pos[j]+1), true
+			}
+		}
+		if !bound {
+			free[i] = true
+			continue
+		}
+		for at < len(order) && by[order[at]] >= 0 {
+			at++
+		}
+		place(i, at)
+	}
+	for i := range split.Ops {
+		if pos[i] == unplaced {
+			place(i, len(order))
+		}
+	}
+	out := *split
+	out.Ops = make([]Op, n)
+	outOrigins := make([]Origin, n)
+	for k, i := range order {
+		op := split.Ops[i]
+		if k > 0 && by[i] >= 0 {
+			before := &out.Ops[k-1]
+			op.Phase, op.Module, op.Mem = before.Phase, before.Module, before.Mem
+		}
+		op.Seq = k
+		out.Ops[k], outOrigins[k] = op, origins[i]
+	}
+	return &out, outOrigins
 }

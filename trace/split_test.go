@@ -145,7 +145,7 @@ func TestSplitCurve(t *testing.T) {
 	}}
 	s, org := trace.Split(it)
 	require.Len(t, s.Ops, 5)
-	require.Equal(t, []trace.Origin{{0, 1}, {1, 0.25}, {1, 0.75}, {2, 0.25}, {2, 0.75}}, org)
+	require.Equal(t, []trace.Origin{{0, 1, 0}, {1, 0.25, 0}, {1, 0.75, 1}, {2, 0.25, 0}, {2, 0.75, 1}}, org)
 	require.Equal(t, []trace.TensorID{3}, s.Ops[1].In)
 	require.Equal(t, []trace.TensorID{10}, s.Ops[1].Out)
 	require.Equal(t, []trace.TensorID{1, 3, 5, 7}, s.Ops[3].In)
@@ -191,7 +191,7 @@ func TestDivideRefuses(t *testing.T) {
 // total is kept.
 func TestKernelsSplit(t *testing.T) {
 	k := &trace.Kernels{Ops: []trace.KernelOp{{Name: "a", KernelUS: 10}, {Name: "b", KernelUS: 40}}}
-	s, err := k.Split([]trace.Origin{{0, 1}, {1, 0.25}, {1, 0.75}})
+	s, err := k.Split([]trace.Origin{{0, 1, 0}, {1, 0.25, 0}, {1, 0.75, 1}})
 	require.NoError(t, err)
 	var sum float64
 	for i, op := range s.Ops {
@@ -201,7 +201,7 @@ func TestKernelsSplit(t *testing.T) {
 	require.InDelta(t, 50, sum, 1e-9)
 	require.Equal(t, "b", s.Ops[2].Name)
 	require.False(t, math.IsNaN(s.Ops[1].KernelUS))
-	_, err = k.Split([]trace.Origin{{2, 1}})
+	_, err = k.Split([]trace.Origin{{2, 1, 0}})
 	require.Error(t, err)
 }
 

@@ -34,6 +34,10 @@ type traceFlags struct {
 	// split runs the ops made of independent pieces piece by piece
 	// (trace.Split).
 	split *bool
+	// hoist also moves each piece up to just after the last op that
+	// lists what it lists (trace.Hoist): the optimizer step in the
+	// backward.
+	hoist *bool
 	// kt is what load found of kernel times: the --kernels file, or the
 	// Kineto profile's GPU kernels of an imported Execution Trace.
 	kt *kernelTimes
@@ -52,6 +56,7 @@ func addTraceFlags(fs *flag.FlagSet) traceFlags {
 		path:    fs.String("trace", "", "trace `file`: optrace/v1, or a PyTorch Execution Trace with --kineto (gzip or plain)"),
 		kineto:  fs.String("kineto", "", "Kineto (Chrome trace) `file` of the same step as the Execution Trace given by --trace"),
 		kernels: fs.String("kernels", "", "optrace-kernels/v1 `file`: each op's GPU kernel time, to plan with instead of estimates"),
+		hoist:   fs.Bool("hoist", false, "--split, and run each piece as soon as what it lists is final, as a host that steps each parameter in the backward does (a hook after its gradient is accumulated): an optimizer step's piece right after its gradient's last write and its weight's last read; ops that read every gradient (clipping by their norm, the mixed-precision unscale) hold the pieces after them"),
 		split:   fs.Bool("split", false, "run each op made of independent pieces (fused and _foreach_ optimizer steps, multi-tensor copies and zeroing, the mixed-precision unscale) piece by piece, as a host that splits it would: the op's working set is one piece, not every parameter, gradient and optimizer state at once"),
 		kt:      &kernelTimes{},
 	}
@@ -107,8 +112,13 @@ func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
 	if k != nil {
 		*f.kt = kernelTimes{est: layer.FromKernels(k), file: k, from: *f.kernels, iter: -1}
 	}
-	if *f.split {
+	if *f.split || *f.hoist {
 		split, origins := trace.SplitTrace(tr)
+		if *f.hoist {
+			for k, it := range split.Iterations {
+				split.Iterations[k], origins[k] = trace.Hoist(it, origins[k])
+			}
+		}
 		if err := f.kt.split(tr, origins); err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -93,11 +94,13 @@ func verifiedReplay(t *testing.T, base []string) {
 
 // TestDeepCutsSplit: at 25% of their recorded peak, llama7b-8l and llama16
 // cannot be planned while their fused optimizer step runs whole (the error
-// names it and says --split runs it in pieces); with --split they plan
-// with recompute, their blocks laid out within the limit, replay with
-// every byte verified, and replay timed at a scale that keeps the GPU's
-// proportions placed (fewer than one block in five hundred missing its
-// place), with no forced eviction and no on-demand swap-in once STABLE.
+// names it and says --split runs it in pieces); with --split, and with
+// --hoist (each piece in the backward, right after its gradient), they
+// plan with recompute, their blocks laid out within the limit, replay
+// with every byte verified, and replay timed at a scale that keeps the
+// GPU's proportions placed (fewer than one block in five hundred missing
+// its place), with no forced eviction and no on-demand swap-in once
+// STABLE; the step in the backward plans at least 5% faster.
 func TestDeepCutsSplit(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timed replays under the race detector measure the detector")
@@ -116,38 +119,53 @@ func TestDeepCutsSplit(t *testing.T) {
 			assert.True(t, whole.Shortfall.Pieces)
 			assert.Contains(t, stderr, "--split runs one by one")
 
-			base = append(base, "--split")
-			var split planReport
-			runJSON(t, 0, &split, append([]string{"plan", "--json"}, base...)...)
-			assert.True(t, split.Feasible)
-			assert.NotEmpty(t, split.Recomputes)
-			assert.LessOrEqual(t, split.PeakBytesAfter, split.LimitBytes)
-			require.NotNil(t, split.Layout)
-			assert.True(t, split.Layout.Fits, "the plan's blocks fit the limit as laid out")
-			bound := split.IterationMSBase * (1 + *split.OverheadPctBoundRecompute/100)
-			t.Logf("25%% with --split: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
-				split.IterationMSSim, bound, split.IterationMSSim/bound, split.HeldBytes, split.HeldOps)
+			var sims []float64
+			for _, flag := range []string{"--split", "--hoist"} {
+				args := append(slices.Clone(base), flag)
+				var split planReport
+				runJSON(t, 0, &split, append([]string{"plan", "--json"}, args...)...)
+				assert.True(t, split.Feasible)
+				assert.NotEmpty(t, split.Recomputes)
+				assert.LessOrEqual(t, split.PeakBytesAfter, split.LimitBytes)
+				require.NotNil(t, split.Layout)
+				assert.True(t, split.Layout.Fits, "the plan's blocks fit the limit as laid out")
+				bound := split.IterationMSBase * (1 + *split.OverheadPctBoundRecompute/100)
+				t.Logf("25%% with %s: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
+					flag, split.IterationMSSim, bound, split.IterationMSSim/bound, split.HeldBytes, split.HeldOps)
+				sims = append(sims, split.IterationMSSim)
 
-			verifiedReplay(t, base)
-			var rep replayJSON
-			runJSON(t, 0, &rep, append([]string{"replay", "--timing", "--quiet", "--json", "--scale", "256", "--rounds", "4"}, base...)...)
-			stable, placed := 0, 0
-			for _, x := range rep.PerIteration {
-				if x.Stage != "STABLE" {
-					continue
+				verifiedReplay(t, args)
+				var rep replayJSON
+				runJSON(t, 0, &rep, append([]string{"replay", "--timing", "--quiet", "--json", "--scale", "256", "--rounds", "4"}, args...)...)
+				stable, placed := 0, 0
+				for _, x := range rep.PerIteration {
+					if x.Stage != "STABLE" {
+						continue
+					}
+					stable++
+					assert.Zero(t, x.Evictions, "%s round %d iteration %d", flag, x.Round, x.Iter)
+					assert.Zero(t, x.OnDemandSwapIns, "%s round %d iteration %d", flag, x.Round, x.Iter)
+					if x.Placed > 0 {
+						placed++
+					}
+					// What the host holds longer than in the step profiled
+					// is moved off the layout's places at the next step.
+					// With the step in the backward, llama16's gradients
+					// held across the step's end miss up to a tenth of
+					// their places every other step (docs/replay.md).
+					most := int64(500)
+					if flag == "--hoist" && name == "llama16-bf16" {
+						most = 10
+					}
+					assert.LessOrEqual(t, most*x.Missed, x.Placed, "%s round %d iteration %d: %d blocks missed their places, %d placed", flag, x.Round, x.Iter, x.Missed, x.Placed)
 				}
-				stable++
-				assert.Zero(t, x.Evictions, "round %d iteration %d", x.Round, x.Iter)
-				assert.Zero(t, x.OnDemandSwapIns, "round %d iteration %d", x.Round, x.Iter)
-				if x.Placed > 0 {
-					placed++
-				}
-				// What the host holds longer than in the step profiled
-				// is moved off the layout's places at the next step.
-				assert.LessOrEqual(t, 500*x.Missed, x.Placed, "round %d iteration %d: %d blocks missed their places, %d placed", x.Round, x.Iter, x.Missed, x.Placed)
+				assert.GreaterOrEqual(t, stable, 3, flag)
+				assert.Equal(t, stable, placed, "%s: a layout that fits is followed every STABLE step", flag)
 			}
-			assert.GreaterOrEqual(t, stable, 3)
-			assert.Equal(t, stable, placed, "a layout that fits is followed every STABLE step")
+			// Each piece of the step right after its gradient is final:
+			// its weight and gradient are still on the device, and the
+			// step's copies overlap the backward's compute.
+			assert.Less(t, sims[1], 0.95*sims[0], "the step in the backward plans faster than at its end")
 		})
 	}
 }

@@ -121,10 +121,11 @@ type matrixConfig struct {
 	json, md     bool
 	strict       bool
 	split        bool // --split: every replay runs ops made of pieces piece by piece
+	hoist        bool // --hoist: and each piece as soon as what it lists is final
 }
 
 func runMatrix(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("matrix", "[--device host|cuda] [--traces DIR,...] [--rounds N] [--scale N] [--only REGEX] [--limits 90%,80%,60%,ckpt] [--timeout 150s] [--split] [--json|--markdown] [--strict]", stderr)
+	fs := newFlagSet("matrix", "[--device host|cuda] [--traces DIR,...] [--rounds N] [--scale N] [--only REGEX] [--limits 90%,80%,60%,ckpt] [--timeout 150s] [--split] [--hoist] [--json|--markdown] [--strict]", stderr)
 	devName := fs.String("device", "host", "device of every replay: host (pure Go, modeled link) or cuda")
 	traces := fs.String("traces", "testdata,../shared/traces", "comma-separated `folders` to look for the traces in (the first that holds one wins)")
 	rounds := fs.Int("rounds", 4, "replay each trace's iterations this many times (short traces need 9 iterations to reach STABLE)")
@@ -136,10 +137,11 @@ func runMatrix(args []string, stdout, stderr io.Writer) error {
 	asMD := fs.Bool("markdown", false, "print the table as a Markdown table")
 	strict := fs.Bool("strict", false, "exit 1 when any row's verdict is not ok")
 	split := fs.Bool("split", false, "every replay runs each op made of independent pieces (a fused optimizer step) piece by piece (replay --split)")
+	hoist := fs.Bool("hoist", false, "every replay runs ops made of pieces piece by piece, each piece as soon as what it lists is final (replay --hoist)")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	cfg := matrixConfig{device: *devName, rounds: *rounds, timeout: *timeout, json: *asJSON, md: *asMD, strict: *strict, split: *split}
+	cfg := matrixConfig{device: *devName, rounds: *rounds, timeout: *timeout, json: *asJSON, md: *asMD, strict: *strict, split: *split, hoist: *hoist}
 	if cfg.device != "host" && cfg.device != "cuda" {
 		return usagef("--device %q: want host or cuda", cfg.device)
 	}
@@ -305,7 +307,9 @@ func (r matrixRow) replayArgs(cfg matrixConfig) []string {
 	if cfg.scale > 0 {
 		args = append(args, "--scale", strconv.FormatInt(cfg.scale, 10))
 	}
-	if cfg.split {
+	if cfg.hoist {
+		args = append(args, "--hoist")
+	} else if cfg.split {
 		args = append(args, "--split")
 	}
 	return args
