@@ -94,20 +94,9 @@ func checkHoist(t *testing.T, split *trace.Iteration, org []trace.Origin, h *tra
 // the first gradient, and the step counters' increment just before the
 // piece that reads each.
 func TestHoistSmall(t *testing.T) {
-	ts := map[trace.TensorID]*trace.Tensor{}
-	add := func(id trace.TensorID, bytes int64, k trace.Kind) {
-		ts[id] = &trace.Tensor{ID: id, Bytes: bytes, Kind: k}
-	}
 	// Parameters 1, 2; gradients 3, 4; state 5, 6, 7, 8; step counters
 	// 9, 10; a loss 11.
-	for i, b := range []int64{100, 300} {
-		id := trace.TensorID(i + 1)
-		add(id, b, trace.KindParam)
-		add(id+2, b, trace.KindActivation)
-		add(id+4, b, trace.KindOptState)
-		add(id+6, b, trace.KindOptState)
-		add(id+8, 4, trace.KindOptState)
-	}
+	ts, add := twoParams(8, func(int64) int64 { return 4 }, trace.KindOptState)
 	add(11, 4, trace.KindActivation)
 	bwd, opt := trace.PhaseBackward, trace.PhaseOptimizer
 	it := &trace.Iteration{Tensors: ts, Ops: []trace.Op{

@@ -271,6 +271,18 @@ func Split(it *Iteration) (*Iteration, []Origin) {
 	return &out, origins
 }
 
+// HoistTrace hoists the pieces of every iteration of split (Hoist), with
+// origins SplitTrace's; it returns the hoisted trace and its origins.
+func HoistTrace(split *Trace, origins [][]Origin) (*Trace, [][]Origin) {
+	out := *split
+	out.Iterations = make([]*Iteration, len(split.Iterations))
+	outOrigins := make([][]Origin, len(origins))
+	for k, it := range split.Iterations {
+		out.Iterations[k], outOrigins[k] = Hoist(it, origins[k])
+	}
+	return &out, outOrigins
+}
+
 // SplitTrace splits every iteration of tr (Split). The result shares tr's
 // tensors; origins[k] is iteration k's.
 func SplitTrace(tr *Trace) (out *Trace, origins [][]Origin) {
@@ -351,10 +363,11 @@ func Gradients(it *Iteration) map[TensorID]bool {
 // nothing an earlier op lists (a step counter's increment) runs just
 // before the first piece that needs it. Pieces moved after one op keep
 // their order (an optimizer step's pieces then run in the order the
-// backward finishes their gradients, not in the step's); a moved piece takes the phase and module of the op it follows, and the
-// recorded memory after it is that op's (a piece writes in place). An op
-// that does not divide, or divides into one piece, stays where it is. The
-// result shares split's Tensors; the Origins come along.
+// backward finishes their gradients, not in the step's); a moved piece
+// takes the phase and module of the op it follows, and the recorded memory
+// after it is that op's (a piece writes in place). An op that does not
+// divide, or divides into one piece, stays where it is. The result shares
+// split's Tensors; the Origins come along.
 func Hoist(split *Iteration, origins []Origin) (*Iteration, []Origin) {
 	n := len(split.Ops)
 	count := make(map[int]int, n)
@@ -372,7 +385,7 @@ func Hoist(split *Iteration, origins []Origin) (*Iteration, []Origin) {
 	const unplaced = -1
 	pos := make([]int, n) // where each op is in order; unplaced: not yet
 	order := make([]int, 0, n)
-	by := make([]int, n) // the op a moved piece follows; -1: not moved
+	moved := make([]bool, n) // put ahead of ops placed before it
 	// A free piece depends on no op but free pieces (a step counter's
 	// increment): it may run anywhere before the ops that need it, and
 	// runs just before the first of them.
@@ -399,14 +412,14 @@ func Hoist(split *Iteration, origins []Origin) (*Iteration, []Origin) {
 			order = append(order, i)
 			return
 		}
-		by[i] = order[at-1]
+		moved[i] = true
 		order = slices.Insert(order, at, i)
 		for k := at; k <= min(from, len(order)-1); k++ {
 			pos[order[k]] = k
 		}
 	}
 	for i := range split.Ops {
-		pos[i], by[i] = unplaced, -1
+		pos[i] = unplaced
 		op := &split.Ops[i]
 		for _, ids := range [2][]TensorID{op.In, op.Out} {
 			for _, id := range ids {
@@ -442,7 +455,7 @@ func Hoist(split *Iteration, origins []Origin) (*Iteration, []Origin) {
 			free[i] = true
 			continue
 		}
-		for at < len(order) && by[order[at]] >= 0 {
+		for at < len(order) && moved[order[at]] {
 			at++
 		}
 		place(i, at)
@@ -457,7 +470,7 @@ func Hoist(split *Iteration, origins []Origin) (*Iteration, []Origin) {
 	outOrigins := make([]Origin, n)
 	for k, i := range order {
 		op := split.Ops[i]
-		if k > 0 && by[i] >= 0 {
+		if moved[i] {
 			before := &out.Ops[k-1]
 			op.Phase, op.Module, op.Mem = before.Phase, before.Module, before.Mem
 		}

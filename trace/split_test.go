@@ -121,23 +121,32 @@ func TestSplitFloor(t *testing.T) {
 	require.Equal(t, most(it, false), most(split, false), "the other ops are as they were")
 }
 
-// TestSplitCurve: a piece gets its share of its op's time, and the curve
-// after it is the op's carried from the op before by the share done.
-func TestSplitCurve(t *testing.T) {
+// twoParams returns the tensors of a two-parameter optimizer step:
+// parameters 1 and 2 of 100 and 300 bytes, their gradients 3 and 4, state
+// 5 to 8, and one more tensor per parameter at off past it (its bytes by
+// the parameter's, of kind k); add declares more.
+func twoParams(off trace.TensorID, bytes func(int64) int64, k trace.Kind) (map[trace.TensorID]*trace.Tensor, func(trace.TensorID, int64, trace.Kind)) {
 	ts := map[trace.TensorID]*trace.Tensor{}
 	add := func(id trace.TensorID, bytes int64, k trace.Kind) {
 		ts[id] = &trace.Tensor{ID: id, Bytes: bytes, Kind: k}
 	}
-	// Two parameters (1, 2), their gradients (3, 4), state (5, 6, 7, 8),
-	// and what a foreach op makes of them (10, 11).
 	for i, b := range []int64{100, 300} {
 		id := trace.TensorID(i + 1)
 		add(id, b, trace.KindParam)
 		add(id+2, b, trace.KindActivation)
 		add(id+4, b, trace.KindOptState)
 		add(id+6, b, trace.KindOptState)
-		add(id+9, b, trace.KindActivation)
+		add(id+off, bytes(b), k)
 	}
+	return ts, add
+}
+
+// TestSplitCurve: a piece gets its share of its op's time, and the curve
+// after it is the op's carried from the op before by the share done.
+func TestSplitCurve(t *testing.T) {
+	// Two parameters (1, 2), their gradients (3, 4), state (5, 6, 7, 8),
+	// and what a foreach op makes of them (10, 11).
+	ts, _ := twoParams(9, func(b int64) int64 { return b }, trace.KindActivation)
 	it := &trace.Iteration{Tensors: ts, Ops: []trace.Op{
 		{Name: "aten::mm", In: []trace.TensorID{1, 2}, Mem: 1000, DurUS: 10},
 		{Name: "aten::_foreach_mul", Phase: trace.PhaseOptimizer, In: []trace.TensorID{3, 4}, Out: []trace.TensorID{10, 11}, Mem: 1400, DurUS: 8},

@@ -115,9 +115,7 @@ func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
 	if *f.split || *f.hoist {
 		split, origins := trace.SplitTrace(tr)
 		if *f.hoist {
-			for k, it := range split.Iterations {
-				split.Iterations[k], origins[k] = trace.Hoist(it, origins[k])
-			}
+			split, origins = trace.HoistTrace(split, origins)
 		}
 		if err := f.kt.split(tr, origins); err != nil {
 			return nil, err

@@ -122,17 +122,17 @@ func TestDeepCutsSplit(t *testing.T) {
 			var sims []float64
 			for _, flag := range []string{"--split", "--hoist"} {
 				args := append(slices.Clone(base), flag)
-				var split planReport
-				runJSON(t, 0, &split, append([]string{"plan", "--json"}, args...)...)
-				assert.True(t, split.Feasible)
-				assert.NotEmpty(t, split.Recomputes)
-				assert.LessOrEqual(t, split.PeakBytesAfter, split.LimitBytes)
-				require.NotNil(t, split.Layout)
-				assert.True(t, split.Layout.Fits, "the plan's blocks fit the limit as laid out")
-				bound := split.IterationMSBase * (1 + *split.OverheadPctBoundRecompute/100)
+				var plan planReport
+				runJSON(t, 0, &plan, append([]string{"plan", "--json"}, args...)...)
+				assert.True(t, plan.Feasible)
+				assert.NotEmpty(t, plan.Recomputes)
+				assert.LessOrEqual(t, plan.PeakBytesAfter, plan.LimitBytes)
+				require.NotNil(t, plan.Layout)
+				assert.True(t, plan.Layout.Fits, "the plan's blocks fit the limit as laid out")
+				bound := plan.IterationMSBase * (1 + *plan.OverheadPctBoundRecompute/100)
 				t.Logf("25%% with %s: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
-					flag, split.IterationMSSim, bound, split.IterationMSSim/bound, split.HeldBytes, split.HeldOps)
-				sims = append(sims, split.IterationMSSim)
+					flag, plan.IterationMSSim, bound, plan.IterationMSSim/bound, plan.HeldBytes, plan.HeldOps)
+				sims = append(sims, plan.IterationMSSim)
 
 				verifiedReplay(t, args)
 				var rep replayJSON
