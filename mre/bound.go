@@ -121,6 +121,77 @@ func LowerBoundKept(curve []int64, limit int64, d []float64, out, in float64, ke
 // boundary brought them back, which the bound does not model.
 func KeptIdle(m *memory.Model) []int64 { return frozenIdle(m) }
 
+// EntryIdle is, per op t of m's iteration, the most bytes of storages
+// live when the iteration begins (frozen parameters aside: KeptIdle) and
+// not yet used by op t that a plan run step after step can have off the
+// device by then with no link time of its own step: copied out in the step
+// before, after their last use there (an optimizer state stepped in the
+// backward, a gradient kept for the next step). Those copies share the
+// link's time up to the step's end, out bytes per second over op times d
+// (µs): for each cut c, the storages released at or after op c (their last
+// use at c-1 or later) cross in the T-S(c) after it at most, so what is off
+// is at most the bytes released before c plus out·(T-S(c)), the least such
+// over c. Added to KeptIdle, it is what LowerBoundKept needs no copy out of
+// before op t; StreamingBound does not take it, as those copies still cross
+// once a step.
+func EntryIdle(m *memory.Model, d []float64, out float64) []int64 {
+	n := len(m.Iter.Ops)
+	idle := make([]int64, n)
+	if len(d) != n || out <= 0 {
+		return idle
+	}
+	rate := out / 1e6 // bytes per µs
+	start := opStarts(d)
+	total := start[n]
+	// The storages by first use: those idle at op t are those first used
+	// after it.
+	type entry struct {
+		first, release int // first use; the op after the last
+		bytes          int64
+	}
+	var es []entry
+	for k := range m.Lifetimes {
+		lt := &m.Lifetimes[k]
+		if lt.Alloc >= 0 || lt.Tensor.Frozen || lt.LiveOut && len(lt.Uses) == 0 {
+			continue
+		}
+		e := entry{first: n, release: 0, bytes: lt.Bytes}
+		if len(lt.Uses) > 0 {
+			e.first, e.release = int(lt.Uses[0]), lt.LastUse()+1
+		}
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b entry) int { return cmp.Compare(a.first, b.first) })
+	released := make([]int64, n+2) // bytes released at each op, of the storages idle now
+	for _, e := range es {
+		released[e.release] += e.bytes
+	}
+	k := 0
+	var cur int64
+	for t := range n {
+		changed := t == 0
+		for k < len(es) && es[k].first <= t {
+			released[es[k].release] -= es[k].bytes
+			k, changed = k+1, true
+		}
+		if k == len(es) {
+			break
+		}
+		if changed {
+			// The least over cuts c of the bytes released before c and
+			// the link's time after S(c).
+			var before int64
+			cur = math.MaxInt64
+			for c := 0; c <= n; c++ {
+				cur = min(cur, before+int64(rate*(total-start[c])))
+				before += released[c]
+			}
+		}
+		idle[t] = cur
+	}
+	return idle
+}
+
 // StreamingBound is the least time of one iteration run over and over in
 // steady state (swaps may wrap the iteration boundary), in microseconds:
 // the ops' time, and at least the largest excess max(curve-limit) must
@@ -156,7 +227,9 @@ func StreamingBound(curve []int64, limit int64, d []float64, out, in float64, ke
 // the curve in.ResolveCurve gives): each dropped activation is made again
 // by its producer, with the inputs the trace frees earlier made again by
 // theirs or held, as Plan counts them. Frozen weights leave with no copy
-// (KeptIdle); out is the link's one-way rate out, bytes per second.
+// (KeptIdle), and what lives from the step before and is not yet used may
+// have left in it (EntryIdle); out is the link's one-way rate out, bytes
+// per second.
 //
 // Let S(t) be the start of op t on the stall-free timeline and X(t) the
 // excess over the limit after it. A plan that starts op t D µs late has
@@ -200,6 +273,9 @@ func RecomputeBound(in Input, out, inRate float64) Bound {
 	}
 	start := opStarts(in.OpTimes)
 	kept := frozenIdle(in.Model)
+	for t, b := range EntryIdle(in.Model, in.OpTimes, out) {
+		kept[t] += b
+	}
 	rcs := recomputeCandidates(in.Model, curve, in.Limit, 0, in.Recomputable, in.OpTimes)
 	// The recompute candidates over each op, by the ops they relieve:
 	// (Drop, Before).

@@ -18,6 +18,7 @@ import (
 
 	"github.com/chameleon-go/chameleon"
 	"github.com/chameleon-go/chameleon/layer"
+	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
@@ -115,7 +116,7 @@ func (f traceFlags) loadWarn(warn io.Writer) (*trace.Trace, error) {
 	if *f.split || *f.hoist {
 		split, origins := trace.SplitTrace(tr)
 		if *f.hoist {
-			split, origins = trace.HoistTrace(split, origins)
+			split, origins = memory.HoistTrace(split, origins)
 		}
 		if err := f.kt.split(tr, origins); err != nil {
 			return nil, err

@@ -100,7 +100,8 @@ func verifiedReplay(t *testing.T, base []string) {
 // with every byte verified, and replay timed at a scale that keeps the
 // GPU's proportions placed (fewer than one block in five hundred missing
 // its place), with no forced eviction and no on-demand swap-in once
-// STABLE; the step in the backward plans at least 5% faster.
+// STABLE; no plan beats the bound of plans with recompute, and the step in
+// the backward plans at least 5% faster.
 func TestDeepCutsSplit(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timed replays under the race detector measure the detector")
@@ -132,6 +133,7 @@ func TestDeepCutsSplit(t *testing.T) {
 				bound := plan.IterationMSBase * (1 + *plan.OverheadPctBoundRecompute/100)
 				t.Logf("25%% with %s: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
 					flag, plan.IterationMSSim, bound, plan.IterationMSSim/bound, plan.HeldBytes, plan.HeldOps)
+				assert.GreaterOrEqual(t, plan.IterationMSSim, bound, "%s: no plan beats the bound of plans with recompute", flag)
 				sims = append(sims, plan.IterationMSSim)
 
 				verifiedReplay(t, args)
