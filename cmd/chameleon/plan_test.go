@@ -761,7 +761,11 @@ and the deep remakes).
 
 bound with recompute: ` + "`mre.RecomputeBound`" + ` (` + "`overhead_pct_bound_recompute`" + ` in ` + "`plan --json`" + `), the least
 overhead of any plan of swaps and recomputes in this model: a plan that starts op t D late has
-moved at most the link's rate times (start of t + D) off by then, and the rest of the excess at t
+moved at most the link's rate times (start of t + D) off by then, besides what lives from the step
+before and no op has used yet, which may have left in the step before after its last use there
+(at most the link's rate times what was left of that step after the cut, plus what was released
+before the cut, the least over cuts: ` + "`mre.EntryIdle`" + `; with the optimizer step in the backward,
+` + "`--hoist`" + `, optimizer state read mid-backward leaves that way), and the rest of the excess at t
 must be dropped, by recomputes that run after t, at no less than the cheapest alive over t cost,
 taken by time per byte (the last in part); the plan adds at least the least over D of D plus that,
 at every t. The copies back bound it too: what recomputes do not drop at t is off the device by
