@@ -88,3 +88,46 @@ func TestHoistTraceKeepsTheModel(t *testing.T) {
 		})
 	}
 }
+
+// TestLiveOutFromTraceGradientNotKept: what a backward makes and the next
+// iteration first lists in its forward is another tensor in the same block
+// (no forward reads a gradient), so it is not kept past the iteration; one
+// the next backward lists first (a gradient accumulated into) is, and so
+// is a value the forward makes and the next forward reads.
+func TestLiveOutFromTraceGradientNotKept(t *testing.T) {
+	ts := map[trace.TensorID]*trace.Tensor{
+		1: {ID: 1, Bytes: 512, Kind: trace.KindActivation}, // a gradient, then the next batch's ids
+		2: {ID: 2, Bytes: 512, Kind: trace.KindActivation}, // a gradient accumulated into
+		3: {ID: 3, Bytes: 512, Kind: trace.KindActivation}, // a value kept for the next step
+	}
+	fwd, bwd := trace.PhaseForward, trace.PhaseBackward
+	tr := &trace.Trace{Iterations: []*trace.Iteration{
+		{Tensors: ts, Ops: []trace.Op{
+			{Name: "aten::mul", Phase: fwd, Out: []trace.TensorID{3}, Mem: -1},
+			{Name: "aten::sum", Phase: bwd, In: []trace.TensorID{3}, Out: []trace.TensorID{1, 2}, Mem: -1},
+		}},
+		{Tensors: ts, Ops: []trace.Op{
+			{Name: "aten::embedding", Phase: fwd, In: []trace.TensorID{1, 3}, Mem: -1},
+			{Name: "aten::add_", Phase: bwd, In: []trace.TensorID{2}, Out: []trace.TensorID{2}, Mem: -1},
+		}},
+	}}
+	live := LiveOutFromTrace(tr, 0)
+	assert.False(t, live(1), "made in the backward, first read by the next forward")
+	assert.True(t, live(2), "made in the backward, first listed by the next backward")
+	assert.True(t, live(3), "made in the forward, read by the next forward")
+	assert.False(t, LiveOutFromTrace(tr, 1)(1), "the last iteration keeps nothing")
+
+	// On llama16-bf16 the final norm's gradient and the next step's ids
+	// share a storage id every step.
+	rec, err := trace.ReadFile(testtraces.Path(t, "llama16-bf16.jsonl.gz"))
+	require.NoError(t, err)
+	m := Build(rec.Iterations[2], LiveOutFromTrace(rec, 2))
+	lt := m.Lifetime(5160)
+	require.NotNil(t, lt)
+	assert.Equal(t, trace.PhaseBackward, rec.Iterations[2].Ops[lt.Alloc].Phase)
+	assert.False(t, lt.LiveOut)
+	next := Build(rec.Iterations[3], LiveOutFromTrace(rec, 3)).Lifetime(5160)
+	require.NotNil(t, next)
+	assert.True(t, next.LiveIn)
+	assert.Equal(t, trace.PhaseForward, rec.Iterations[3].Ops[next.Uses[0]].Phase)
+}

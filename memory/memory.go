@@ -311,7 +311,12 @@ func (m *Model) curve() {
 }
 
 // LiveOutFromTrace returns, for iteration k of tr, the storages that a
-// later iteration still references.
+// later iteration still references, but a storage iteration k makes in its
+// backward that the next iteration to reference it first uses in its
+// forward: no forward reads what a backward made (a gradient), so the id
+// names another tensor there, put by the allocator in the block the
+// gradient left (the next batch's inputs in the final norm's gradient's
+// block, on the recorded llama traces), and the gradient is not kept.
 func LiveOutFromTrace(tr *trace.Trace, k int) LiveOutFunc {
 	later := make(map[trace.TensorID]struct{})
 	cur := tr.Iterations[k]
@@ -320,6 +325,56 @@ func LiveOutFromTrace(tr *trace.Trace, k int) LiveOutFunc {
 			if _, ok := cur.Tensors[id]; ok {
 				later[id] = struct{}{}
 			}
+		}
+	}
+	// Made in the backward: the first op to list it lists it as an output.
+	seen := make(map[trace.TensorID]bool, len(cur.Tensors))
+	var made []trace.TensorID
+	for i := range cur.Ops {
+		op := &cur.Ops[i]
+		for _, id := range op.In {
+			seen[id] = true
+		}
+		for _, id := range op.Out {
+			if !seen[id] && op.Phase == trace.PhaseBackward {
+				if _, ok := later[id]; ok && !cur.Tensors[id].Kind.Persistent() {
+					made = append(made, id)
+				}
+			}
+			seen[id] = true
+		}
+	}
+	// The phase of the first op that lists each id in an iteration, read
+	// once per iteration asked.
+	first := map[int]map[trace.TensorID]trace.Phase{}
+	phaseIn := func(j int) map[trace.TensorID]trace.Phase {
+		if f, ok := first[j]; ok {
+			return f
+		}
+		it := tr.Iterations[j]
+		f := make(map[trace.TensorID]trace.Phase, len(it.Tensors))
+		for i := range it.Ops {
+			op := &it.Ops[i]
+			for _, ids := range [2][]trace.TensorID{op.In, op.Out} {
+				for _, id := range ids {
+					if _, ok := f[id]; !ok {
+						f[id] = op.Phase
+					}
+				}
+			}
+		}
+		first[j] = f
+		return f
+	}
+	for _, id := range made {
+		for j := k + 1; j < len(tr.Iterations); j++ {
+			if _, ok := tr.Iterations[j].Tensors[id]; !ok {
+				continue
+			}
+			if ph, ok := phaseIn(j)[id]; ok && ph == trace.PhaseForward {
+				delete(later, id)
+			}
+			break
 		}
 	}
 	return func(id trace.TensorID) bool { _, ok := later[id]; return ok }

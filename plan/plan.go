@@ -341,8 +341,15 @@ func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int
 		return best, nil
 	}
 	held := make([]int64, n)
+	prev := int64(-1)
 	for try := 1; try < 2*layoutTries && !r.Layout.Fits(); try++ {
 		over, top := r.Layout.Over(), r.Layout.Top()
+		// A try that left the layout as far over as the one before held
+		// back too little to change the plan (a few bytes above the
+		// budget where a whole page is over): hold back a page more
+		// where blocks lie above, at each such try.
+		stuck := prev >= 0 && over >= prev
+		prev = over
 		// The bytes above the budget's whole pages in use at each op:
 		// added where a block's life begins, taken where it ends, summed
 		// over the ops.
@@ -370,6 +377,9 @@ func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int
 		var err error
 		next := slices.Clone(held)
 		for t, a := range above {
+			if stuck && a > 0 {
+				a = max(a, max(page, 1))
+			}
 			next[t] += min(a, over)
 		}
 		for w := 16; ; w *= 4 {

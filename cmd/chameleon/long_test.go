@@ -134,6 +134,7 @@ func TestDeepCutsSplit(t *testing.T) {
 				t.Logf("25%% with %s: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
 					flag, plan.IterationMSSim, bound, plan.IterationMSSim/bound, plan.HeldBytes, plan.HeldOps)
 				assert.GreaterOrEqual(t, plan.IterationMSSim, bound, "%s: no plan beats the bound of plans with recompute", flag)
+				assert.LessOrEqual(t, plan.IterationMSSim, 1.5*bound, "%s: the plan that fits its layout stays near the bound", flag)
 				sims = append(sims, plan.IterationMSSim)
 
 				verifiedReplay(t, args)
@@ -152,14 +153,7 @@ func TestDeepCutsSplit(t *testing.T) {
 					}
 					// What the host holds longer than in the step profiled
 					// is moved off the layout's places at the next step.
-					// With the step in the backward, llama16's gradients
-					// held across the step's end miss up to a tenth of
-					// their places every other step (docs/replay.md).
-					most := int64(500)
-					if flag == "--hoist" && name == "llama16-bf16" {
-						most = 10
-					}
-					assert.LessOrEqual(t, most*x.Missed, x.Placed, "%s round %d iteration %d: %d blocks missed their places, %d placed", flag, x.Round, x.Iter, x.Missed, x.Placed)
+					assert.LessOrEqual(t, 500*x.Missed, x.Placed, "%s round %d iteration %d: %d blocks missed their places, %d placed", flag, x.Round, x.Iter, x.Missed, x.Placed)
 				}
 				assert.GreaterOrEqual(t, stable, 3, flag)
 				assert.Equal(t, stable, placed, "%s: a layout that fits is followed every STABLE step", flag)
