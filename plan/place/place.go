@@ -97,10 +97,13 @@ func (s *placedSet) insert(k int, p Placed) {
 // where it adds the fewest pages to those some block of fixed or items uses
 // at some point (at either end of its gap, the lowest such place), so that
 // the pages the whole repetition uses can stay mapped. Two orders are
-// packed, by bytes and by pages (ties: the longer life first), and the one
-// that leaves fewer blocks out, then touches fewer pages (reaches the
-// lower address without pages), is returned: on the public traces the
-// better of the two needs 1-3% fewer pages than either alone.
+// packed, by bytes, by pages (ties: the longer life first) and by bytes
+// over the life's hull, and the one that leaves fewer blocks out, then
+// touches fewer pages (reaches the lower address without pages), is
+// returned: on the public traces the better of the first two needs 1-3%
+// fewer pages than either alone, and the third, on llama7b-8l at a quarter
+// of its peak with the optimizer step in the backward, 8 pages fewer
+// (1,582 against 1,590 of 4 MiB).
 func Pack(segs []Placed, fixed []Placed, items []Item, page int64) []uintptr {
 	bySize := func(x, y int) int {
 		if c := cmp.Compare(items[y].Size, items[x].Size); c != 0 {
@@ -120,7 +123,17 @@ func Pack(segs []Placed, fixed []Placed, items []Item, page int64) []uintptr {
 	var best []uintptr
 	var bestOut int
 	var bestCost int64
-	for _, by := range []func(x, y int) int{bySize, byPages} {
+	// By bytes over the hull of the life: a long-lived block first where
+	// two are of one size, a short large one after a long smaller one.
+	byArea := func(x, y int) int {
+		ax, ay := float64(items[x].Size)*float64(length(x)), float64(items[y].Size)*float64(length(y))
+		return cmp.Or(cmp.Compare(ay, ax), bySize(x, y))
+	}
+	orders := []func(x, y int) int{bySize, byPages, byArea}
+	if page <= 0 {
+		orders = []func(x, y int) int{bySize, byArea} // without pages, by pages is by bytes
+	}
+	for _, by := range orders {
 		order := make([]int, len(items))
 		for i := range order {
 			order[i] = i
@@ -145,9 +158,6 @@ func Pack(segs []Placed, fixed []Placed, items []Item, page int64) []uintptr {
 		}
 		if best == nil || out < bestOut || (out == bestOut && cost < bestCost) {
 			best, bestOut, bestCost = addrs, out, cost
-		}
-		if page <= 0 && len(items) > 0 {
-			break // without pages, by pages is by bytes
 		}
 	}
 	return best

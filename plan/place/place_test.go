@@ -1,7 +1,9 @@
 package place
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -128,4 +130,40 @@ func BenchmarkPackBlocks(b *testing.B) {
 	for b.Loop() {
 		Pack(segs, nil, items, page)
 	}
+}
+
+// TestPackKeepsTheBestOrder: without pages Pack packs by bytes and by
+// bytes over the life's hull and keeps the lower reach, so it never
+// reaches higher than the order by bytes alone, and on some random steps
+// lower.
+func TestPackKeepsTheBestOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	reach := func(items []Item, addrs []uintptr, base uintptr) int64 {
+		var top int64
+		for i, a := range addrs {
+			require.NotZero(t, a)
+			top = max(top, int64(a-base)+items[i].Size)
+		}
+		return top
+	}
+	lower := 0
+	for range 200 {
+		items := randomLives(r, 40, 100, 512)
+		const base = 1 << 20
+		segs := []Placed{{Addr: base, Size: 1 << 30}}
+		bySize := make([]int, len(items))
+		for i := range bySize {
+			bySize[i] = i
+		}
+		slices.SortStableFunc(bySize, func(x, y int) int {
+			return cmp.Or(cmp.Compare(items[y].Size, items[x].Size), cmp.Compare(items[x].Life.IV[0].From, items[y].Life.IV[0].From))
+		})
+		best := reach(items, Pack(segs, nil, items, 0), base)
+		one := reach(items, PackOrder(segs, nil, items, 0, bySize), base)
+		require.LessOrEqual(t, best, one)
+		if best < one {
+			lower++
+		}
+	}
+	assert.Positive(t, lower, "the order by bytes over the life's hull packs some step lower")
 }
