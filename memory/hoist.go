@@ -14,8 +14,8 @@ func HoistTrace(split *trace.Trace, origins [][]trace.Origin) (*trace.Trace, [][
 	h, horigins := trace.HoistTrace(split, origins)
 	for k, it := range h.Iterations {
 		s := split.Iterations[k]
-		if !s.HasMem() || slices.ContainsFunc(s.Ops, func(op trace.Op) bool { return op.Mem < 0 }) {
-			continue
+		if slices.ContainsFunc(s.Ops, func(op trace.Op) bool { return op.Mem < 0 }) {
+			continue // some op has no record to re-time
 		}
 		at := make(map[[2]int]int, len(origins[k]))
 		for i, o := range origins[k] {
@@ -76,7 +76,7 @@ func (m *Model) Reordered(it *trace.Iteration, from []int) {
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
 		b := size(lt)
-		if lt.Alloc < 0 || lt.Alloc == 0 {
+		if lt.Alloc <= 0 {
 			first += b // what op 0 of m's iteration holds after it
 		}
 		if lt.Free <= 0 {

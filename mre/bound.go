@@ -152,17 +152,15 @@ func EntryIdle(m *memory.Model, d []float64, out float64) []int64 {
 	var es []entry
 	for k := range m.Lifetimes {
 		lt := &m.Lifetimes[k]
-		if lt.Alloc >= 0 || lt.Tensor.Frozen || lt.LiveOut && len(lt.Uses) == 0 {
+		if lt.Alloc >= 0 || lt.Tensor.Frozen {
 			continue
 		}
-		e := entry{first: n, release: 0, bytes: lt.Bytes}
-		if len(lt.Uses) > 0 {
-			e.first, e.release = int(lt.Uses[0]), lt.LastUse()+1
-		}
-		es = append(es, e)
+		// Every storage of the model is used: its lifetime is there
+		// because an op lists it.
+		es = append(es, entry{first: int(lt.Uses[0]), release: lt.LastUse() + 1, bytes: lt.Bytes})
 	}
 	slices.SortFunc(es, func(a, b entry) int { return cmp.Compare(a.first, b.first) })
-	released := make([]int64, n+2) // bytes released at each op, of the storages idle now
+	released := make([]int64, n+1) // bytes released at each op, of the storages idle now
 	for _, e := range es {
 		released[e.release] += e.bytes
 	}
