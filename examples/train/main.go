@@ -103,6 +103,7 @@ type options struct {
 	hostReserve   string
 	verify        bool
 	recompute     bool
+	hoist         bool
 	phaseTimes    bool
 	timing        bool
 	estimated     bool
@@ -151,6 +152,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.phaseTimes, "phase-times", false, "wait for the device at the end of each forward and report forward and backward times apart (one more sync per step)")
 	fs.BoolVar(&o.verify, "verify", false, "run the unlimited baseline for all --steps and compare the loss curves bit for bit")
 	fs.BoolVar(&o.recompute, "recompute", false, "let the Engine drop activations of the forward's ops and run the ops again before their use, beside swaps")
+	fs.BoolVar(&o.hoist, "hoist", false, "step each parameter in the backward, as soon as its gradient is final (an optimizer hook on the gradients), instead of all of them at the step's end: the same losses, bit for bit")
 	fs.BoolVar(&o.timing, "timing", false, "print the policy's layer times (planned, simulated, sampled on the device) and the link the executor's copies measured against the raw copy rate")
 	fs.BoolVar(&o.estimated, "estimated", false, "plan on the estimator's op times and the configured link, not on measured ones (chameleon.WithMeasuredTimes(false))")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the summary")
@@ -301,7 +303,7 @@ func train(o *options, out io.Writer) (*outcome, error) {
 		lr = DefaultLR(m.Width)
 	}
 	cfg := Config{Model: m, Steps: o.steps, LR: lr, Momentum: float32(o.momentum), Seed: o.seed,
-		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: hostLink(o), Estimator: b.Est, PhaseSync: o.phaseTimes, Recompute: o.recompute}
+		Dynamic: o.dynamic, Phase: o.phase, Patterns: o.patterns, Link: hostLink(o), Estimator: b.Est, PhaseSync: o.phaseTimes, Recompute: o.recompute, Hoist: o.hoist}
 	if cfg.MinSwap, err = minSwap(o.minSwap, m); err != nil {
 		return nil, err
 	}

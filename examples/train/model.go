@@ -128,6 +128,7 @@ type net struct {
 	// the optimizer step's pieces, reused each step
 	pieces  []chameleon.Piece
 	stepped []*param
+	live    []*param // the parameters a step trains
 
 	// phaseSync: wait for the device at the end of the forward and note
 	// when (fwdEnd), for Step.Forward.
@@ -139,6 +140,9 @@ type net struct {
 	shCO                                   [][]int64
 	// recompute: forward ops hand the Engine their kernel to run again.
 	recompute bool
+	// hoist: each parameter's optimizer piece runs in the backward, as
+	// soon as its gradient is final and the backward no longer reads it.
+	hoist bool
 	// reduce, with data-parallel ranks, averages each gradient and the
 	// loss over the ranks (nil: one rank, no such ops); row0 is the first
 	// row of the global batch this rank's batch holds.
@@ -436,6 +440,13 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	if err != nil {
 		return fail(err)
 	}
+	if n.hoist {
+		// The head's gradients are final and the backward reads its
+		// weight no more.
+		if err := n.stepNow(lr, mu, bwd, n.wout, n.bout); err != nil {
+			return fail(err)
+		}
+	}
 	for l := len(n.blocks) - 1; l >= 0; l-- {
 		if skip != nil && skip[l] {
 			continue
@@ -491,6 +502,11 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 			return fail(err)
 		}
 		dh = dhn
+		if n.hoist {
+			if err := n.stepNow(lr, mu, bwd, b.w1, b.b1, b.w2); err != nil {
+				return fail(err)
+			}
+		}
 	}
 	if err := n.run("aten::mm", "stem.grad_weight", bwd, ts(x, dh), ts(n.win.g), func() error {
 		return n.k.Gemm(true, false, D, H, B, 1, x.Ptr(), dh.Ptr(), 0, n.win.g.Ptr())
@@ -500,49 +516,40 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	if err := n.release(x, dh); err != nil {
 		return fail(err)
 	}
+	if n.hoist {
+		if err := n.stepNow(lr, mu, bwd, n.win); err != nil {
+			return fail(err)
+		}
+	}
 
 	// Data parallelism: each rank replaces its gradients, and the loss,
 	// with their mean over the ranks, so that every rank applies the same
 	// update, that of the global batch, and reports the same loss. One op
 	// per tensor, in the same order on every rank (a skipped block's
 	// parameters are skipped by all), each of them resident only while
-	// its own all-reduce runs.
+	// its own all-reduce runs; with hoist, each gradient's right before
+	// its parameter's step, in the backward.
 	if n.reduce != nil {
 		if err := n.run("c10d::allreduce_", "loss.allreduce", bwd, ts(loss), ts(loss), func() error {
 			return n.reduce.AllReduce(loss.Ptr(), 1)
 		}); err != nil {
 			return fail(err)
 		}
-		for i, p := range n.params {
-			if n.skipped(skip, i) {
-				continue
-			}
-			if err := n.run("c10d::allreduce_", p.reduce, bwd, ts(p.g), ts(p.g), func() error {
-				return n.reduce.AllReduce(p.g.Ptr(), p.n)
-			}); err != nil {
-				return fail(err)
-			}
-		}
 	}
 
 	// Optimizer: a skipped block's parameters got no gradient this step
-	// and keep their momentum as it was.
-	// One fused step over every parameter, run in pieces
-	// (Iteration.Pieces): a parameter, its gradient and its momentum at a
-	// time, so that only one piece need be on the device.
-	n.pieces, n.stepped = n.pieces[:0], n.stepped[:0]
-	for i, p := range n.params {
-		if !n.skipped(skip, i) {
-			n.pieces = append(n.pieces, chameleon.Piece{In: ts(p.w, p.g, p.m), Out: ts(p.w, p.m)})
-			n.stepped = append(n.stepped, p)
+	// and keep their momentum as it was. With hoist, every parameter
+	// stepped in the backward.
+	if !n.hoist {
+		n.live = n.live[:0]
+		for i, p := range n.params {
+			if !n.skipped(skip, i) {
+				n.live = append(n.live, p)
+			}
 		}
-	}
-	n.op = chameleon.Op{Name: "aten::_fused_sgd_", Module: "optimizer", Phase: opt}
-	if err := n.it.Pieces(&n.op, n.pieces, func(i int) error {
-		p := n.stepped[i]
-		return n.k.SGD(p.w.Ptr(), p.g.Ptr(), p.m.Ptr(), p.n, lr, mu)
-	}); err != nil {
-		return fail(err)
+		if err := n.stepNow(lr, mu, opt, n.live...); err != nil {
+			return fail(err)
+		}
 	}
 
 	// loss.item(): the step's one host synchronization, at its end, which
@@ -557,6 +564,36 @@ func (n *net) step(index int, skip []bool, lr, mu float32) (float32, chameleon.R
 	}
 	res := n.it.End()
 	return math.Float32frombits(uint32(n.lossBuf[0]) | uint32(n.lossBuf[1])<<8 | uint32(n.lossBuf[2])<<16 | uint32(n.lossBuf[3])<<24), res, nil
+}
+
+// stepNow runs the optimizer step of ps, all-reduced first with ranks:
+// one fused SGD step over them, run in pieces (Iteration.Pieces), a
+// parameter, its gradient and its momentum at a time, so that only one
+// piece need be on the device. The update of each element reads only its
+// own parameter, gradient and momentum, so the step's result is the same
+// bits whether ps are stepped together at the end of the step or a few at
+// a time in the backward (hoist), the Engine streaming the momentum
+// buffers beside the gradients.
+func (n *net) stepNow(lr, mu float32, phase trace.Phase, ps ...*param) error {
+	if n.reduce != nil {
+		for _, p := range ps {
+			if err := n.run("c10d::allreduce_", p.reduce, trace.PhaseBackward, ts(p.g), ts(p.g), func() error {
+				return n.reduce.AllReduce(p.g.Ptr(), p.n)
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	n.pieces, n.stepped = n.pieces[:0], n.stepped[:0]
+	for _, p := range ps {
+		n.pieces = append(n.pieces, chameleon.Piece{In: ts(p.w, p.g, p.m), Out: ts(p.w, p.m)})
+		n.stepped = append(n.stepped, p)
+	}
+	n.op = chameleon.Op{Name: "aten::_fused_sgd_", Module: "optimizer", Phase: phase}
+	return n.it.Pieces(&n.op, n.pieces, func(i int) error {
+		p := n.stepped[i]
+		return n.k.SGD(p.w.Ptr(), p.g.Ptr(), p.m.Ptr(), p.n, lr, mu)
+	})
 }
 
 // skipped says whether parameter i belongs to a block skip leaves out.

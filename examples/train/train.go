@@ -59,6 +59,12 @@ type Config struct {
 	// Recompute hands the Engine each forward op's kernel to run again, so
 	// that it may drop activations and recompute them instead of swapping.
 	Recompute bool
+	// Hoist runs each parameter's optimizer step in the backward, as soon
+	// as its gradient is final (a host that steps parameters from a hook
+	// on their gradients): the step's losses are the same bits, and the
+	// Engine streams the momentum buffers during the backward instead of
+	// holding them all at the step's end.
+	Hoist bool
 	// SyncPlanning: each step that ends a profile waits for its plan
 	// (chameleon.WithSyncPlanning), so that the policy runs from the next
 	// step whatever the machine's speed; default: plans run off the step.
@@ -156,6 +162,7 @@ func Train(dev device.Device, newKernels Kernels, cfg Config) (rep *Report, err 
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	n.recompute = cfg.Recompute
+	n.hoist = cfg.Hoist
 	n.row0 = cfg.Rank * cfg.Batch
 	if cfg.Reduce != nil {
 		if n.reduce, err = cfg.Reduce(eng.ComputeStream()); err != nil {

@@ -198,3 +198,38 @@ func TestLossChunks(t *testing.T) {
 	t.Logf("peak %d whole, %d in %d chunks, %d under %d (the whole-batch loss lists %d); loss %.4f -> %.4f",
 		whole.Stats.PeakDeviceBytes, free.Stats.PeakDeviceBytes, m.LossChunks, st.PeakDeviceBytes, cfg.Limit, floor, cl[0], cl[len(cl)-1])
 }
+
+// TestHoistKeepsLossBits: each parameter stepped in the backward, as soon
+// as its gradient is final, learns the same bits as the step at the end,
+// with and without blocks skipped; and under half the hoisted run's peak,
+// on a model whose parameters, gradients and momentum outweigh its
+// activations, the Engine streams them and still learns those bits.
+func TestHoistKeepsLossBits(t *testing.T) {
+	cfg := small(t)
+	cfg.Model.Width, cfg.Model.FFN, cfg.Model.Batch = 128, 128, 32
+	for _, dynamic := range []bool{false, true} {
+		c := cfg
+		c.Dynamic, c.Phase, c.Patterns = dynamic, 4, 2
+		end := unlimited(t, newHost(t), c)
+		c.Hoist = true
+		hoisted := unlimited(t, newHost(t), c)
+		requireSameBits(t, end.Losses(), hoisted.Losses())
+		if dynamic {
+			continue
+		}
+		m := c.Model
+		require.Greater(t, 3*m.ParamBytes(), m.SavedActivationBytes(), "the parameters' state must outweigh the activations")
+		c.Limit = hoisted.Stats.PeakDeviceBytes / 2
+		d := newHost(t)
+		rep, err := Train(d, hostKernels(d), c)
+		require.NoError(t, err)
+		requireSameBits(t, end.Losses(), rep.Losses())
+		st := rep.Stats
+		assert.Positive(t, st.SwappedOutBytes, "half the peak must force swaps")
+		assert.LessOrEqual(t, st.PeakDeviceBytes, c.Limit)
+		assert.LessOrEqual(t, d.PeakAllocated(), c.Limit)
+		assert.Equal(t, seq.Stable, rep.Steps[len(rep.Steps)-1].Result.Stage)
+		t.Logf("peak %d with the step at the end, %d hoisted, %d under %d; swapped %d bytes out",
+			end.Stats.PeakDeviceBytes, hoisted.Stats.PeakDeviceBytes, st.PeakDeviceBytes, c.Limit, st.SwappedOutBytes)
+	}
+}
