@@ -228,3 +228,21 @@ func TestRealCUDARanksNCCL(t *testing.T) {
 		assert.True(t, c.Adopted)
 	}
 }
+
+// TestRanksHoist: with two ranks, each gradient all-reduced and its
+// parameter stepped in the backward (--hoist) learns the bits the step at
+// the end learns, on every rank, under half a rank's peak.
+func TestRanksHoist(t *testing.T) {
+	args := append(smallArgs(384), "--ranks", "2", "--steps", "12", "--sync-planning", "--verify", "--quiet", "--rank-timeout", "1m")
+	end, _ := runCommand(t, args...)
+	hoisted, _ := runCommand(t, append(args, "--hoist")...)
+	c := hoisted.check()
+	assert.True(t, c.Agree, "rank %d's losses differ from rank 0's at step %d", c.Rank, c.Step)
+	assert.True(t, c.Verified, "rank %d's limited run differs from its unlimited run at step %d", c.VerifyRank, c.VerifyStep)
+	assert.True(t, c.WithinLimit)
+	require.Len(t, hoisted.Limited, 2)
+	for r, rep := range hoisted.Limited {
+		requireSameBits(t, end.Limited[r].Losses(), rep.Losses())
+		assert.Positive(t, rep.Stats.SwappedOutBytes, "rank %d: half the peak must force swaps", r)
+	}
+}
