@@ -63,6 +63,7 @@ func (e *Engine) allocate(size int64, s device.Stream, off int64) (device.DevPtr
 			}
 			e.stats.Evictions++
 			e.it.evictions++
+			e.it.evictedBytes += v.size
 		}
 		if l := e.cfg.evictLog; l != nil {
 			st := e.alloc.Stats()

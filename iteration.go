@@ -31,6 +31,7 @@ type Iteration struct {
 	bytesOut                    int64
 	drops, recomputes           int64
 	evictions, deferrals        int64
+	evictedBytes                int64
 	// hostRecompute marks, per profiled op, whether the host gave it a
 	// Recompute.
 	hostRecompute []bool
@@ -413,8 +414,9 @@ func (it *Iteration) End() Result {
 	}
 	key := policyKey{Hash: prof.Hash, Ops: prof.Len, Bytes: prof.Bytes}
 	obs := controller.Observation{Key: key, Changed: res.Changed, Profiled: it.detail != nil,
-		Cached: e.cached(key), Evictions: it.evictions}
+		Cached: e.cached(key), Evictions: it.evictions, EvictedBytes: it.evictedBytes}
 	obs.Shortfalls, obs.Fit = e.alloc.PageShortfalls()
+	obs.BestFit = e.policy != nil && !e.cfg.noPlace && e.unplaced[e.policy.key.Hash]
 	if p := e.policy; p != nil {
 		obs.Policy = &controller.Policy{ID: p.id, Key: p.key, Here: p.here, Targets: p.targets(), Matched: p.matched, Disturbed: p.disturbed}
 		if p.exec != nil {

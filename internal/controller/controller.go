@@ -80,8 +80,13 @@ type Observation struct {
 	Profiled bool // the iteration was profiled in detail
 	Cached   bool // the cache holds a policy for Key
 	Policy   *Policy
-	// Evictions counts the swap-outs the executor forced.
-	Evictions int64
+	// Evictions counts the swap-outs the executor forced, EvictedBytes
+	// their bytes.
+	Evictions, EvictedBytes int64
+	// BestFit: the allocator serves the policy in force by best fit, its
+	// sequence's placement given up (a step that does not recur closely
+	// enough to be placed: an MoE's routing, a decode's growing cache).
+	BestFit bool
 	// Shortfalls counts the policies the allocator found to need more
 	// pages than the limit holds, Fit the share of them that fit, for the
 	// latest (device.Allocator.PageShortfalls).
@@ -250,7 +255,7 @@ func (c *Controller) End(o Observation) Ready {
 		obs.policy, obs.swaps, obs.matched = true, p.Targets, p.Matched
 		obs.foreign = c.expectedSet && p.ID == c.expected && !p.Key.Same(o.Key, c.cfg.MemDelta)
 		obs.outgrown = Outgrew(o.Key.Bytes, p.Key.Bytes, o.Evictions, p.Targets, c.grew)
-		obs.unplaced = c.unplacedNow(p, o.Shortfalls, o.Fit)
+		obs.unplaced = c.unplacedNow(p, o)
 		obs.refine = p.Disturbed && o.Evictions == 0
 	}
 	d := c.life.end(obs)
@@ -392,18 +397,29 @@ func (c *Controller) PlaceFit() float64 { return c.placeFit }
 
 // unplacedNow reports whether the allocator found, since the last look,
 // that the blocks of the policy in force (planned by this Engine) need
-// more pages than the limit holds, and lowers the share of the limit the
-// next plan aims at to the share of the policy's simulated peak that
-// would have fit: a plan whose peak sat under the limit already must come
-// down from its peak, not from the limit. The share goes no lower than
-// minPlaceFit (taken once where the fit asks for less); it reports false
-// once a plan there was not placed either, or for a policy whose tighter
-// plan found none (see closerFit): best fit serves them then.
-func (c *Controller) unplacedNow(p *Policy, shortfalls int64, fit float64) bool {
-	if c.cfg.NoPlace || shortfalls == c.shortfalls {
+// more pages than the limit holds, or, where best fit serves the policy
+// (its placement given up), forced evictions under it, and lowers the
+// share of the limit the next plan aims at to the share of the policy's
+// simulated peak that would have fit (best fit: less the bytes forced
+// out, and at least bestFitStep lower): a plan whose peak sat under the
+// limit already must come down from its peak, not from the limit. The
+// share goes no lower than minPlaceFit (taken once where the fit asks for
+// less); it reports false once a plan there was not placed either, or for
+// a policy whose tighter plan found none (see closerFit): the forced
+// evictions keep its iterations under the limit then.
+func (c *Controller) unplacedNow(p *Policy, o Observation) bool {
+	if c.cfg.NoPlace {
 		return false
 	}
-	c.shortfalls = shortfalls
+	var fit float64
+	switch {
+	case o.Shortfalls != c.shortfalls:
+		c.shortfalls, fit = o.Shortfalls, o.Fit
+	case o.BestFit && o.Evictions > 0 && c.cfg.Limit > 0:
+		fit = min(1-float64(o.EvictedBytes)/float64(c.cfg.Limit), bestFitStep)
+	default:
+		return false
+	}
 	if !p.Here {
 		return false // a policy from a file or another rank runs as it came
 	}
@@ -414,6 +430,13 @@ func (c *Controller) unplacedNow(p *Policy, shortfalls int64, fit float64) bool 
 	c.placeFit = max(min(c.placeFit, c.peakShare(p.Peak))*fit*placeMargin, minPlaceFit)
 	return true
 }
+
+// bestFitStep is the most of the policy's peak a tighter plan keeps when
+// best fit (Observation.BestFit) forced evictions under it: best fit
+// counts no pages it lacks, and the bytes it forced out, spread over the
+// step, understate what it lacks at any one op, so the plan comes down at
+// least this far (twice reaches minPlaceFit from the limit).
+const bestFitStep = 0.95
 
 // peakShare is a simulated peak as a share of the limit, 1 where it is not
 // known.

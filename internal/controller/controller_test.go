@@ -185,3 +185,56 @@ func TestRestarted(t *testing.T) {
 	r = c.End(Observation{Key: keyB, Cached: true, Policy: &Policy{ID: 3, Key: keyA, Targets: 4, Matched: 0}})
 	assert.Equal(t, Ready{Drop: true, Adopt: true}, r)
 }
+
+// TestTightenBestFit: where best fit serves the policy in force (its
+// placement given up) and forced evictions under it, the next plan aims
+// lower, at least bestFitStep of the policy's peak and more where the
+// bytes forced out ask for it, down to minPlaceFit and no further; an
+// iteration with no eviction, a policy placed (not BestFit) and one from
+// elsewhere are left as they are.
+func TestTightenBestFit(t *testing.T) {
+	all := func(Key) bool { return true }
+	pol := &Policy{ID: 1, Key: keyA, Here: true, Targets: 4, Matched: 4, Peak: 1000}
+	for _, tc := range []struct {
+		name string
+		obs  Observation
+		pol  Policy
+		want bool
+		fit  float64
+	}{
+		{"no eviction", Observation{BestFit: true}, *pol, false, 1},
+		{"placed", Observation{Evictions: 3, EvictedBytes: 10}, *pol, false, 1},
+		{"from elsewhere", Observation{BestFit: true, Evictions: 3, EvictedBytes: 10}, Policy{ID: 1, Key: keyA, Targets: 4, Matched: 4, Peak: 1000}, false, 1},
+		{"a few bytes", Observation{BestFit: true, Evictions: 3, EvictedBytes: 10}, *pol, true, bestFitStep * placeMargin},
+		{"many bytes", Observation{BestFit: true, Evictions: 3, EvictedBytes: 80}, *pol, true, 0.92 * placeMargin},
+		{"more than the floor", Observation{BestFit: true, Evictions: 3, EvictedBytes: 300}, *pol, true, minPlaceFit},
+	} {
+		c := newTest()
+		seen(c, keyA, keyA)
+		o := tc.obs
+		o.Key, o.Policy, o.Cached = keyA, &tc.pol, true
+		r := c.End(o)
+		assert.Equal(t, tc.want, r.Unplaced, tc.name)
+		assert.InDelta(t, tc.fit, c.PlaceFit(), 1e-9, tc.name)
+	}
+
+	// Evictions go on under each tighter plan: twice reaches the floor,
+	// where the policy stays.
+	c := newTest()
+	seen(c, keyA, keyA)
+	fits := []float64{}
+	for range 4 {
+		r := c.End(Observation{Key: keyA, Policy: pol, Cached: true, BestFit: true, Evictions: 1, EvictedBytes: 1})
+		if !r.Unplaced {
+			break
+		}
+		require.True(t, c.Begin(Start{Policy: true, Next: seq.Stable, Cached: all}))
+		r = c.End(Observation{Key: keyA, Profiled: true, Policy: pol, Cached: true})
+		require.NotNil(t, r.Plan)
+		require.True(t, r.Plan.Tighten)
+		assert.Equal(t, int64(float64(1000)*c.PlaceFit()), r.Plan.Limit)
+		c.Landed(*r.Plan, Result{})
+		fits = append(fits, c.PlaceFit())
+	}
+	assert.InDeltaSlice(t, []float64{bestFitStep * placeMargin, minPlaceFit}, fits, 1e-9)
+}
