@@ -398,7 +398,8 @@ func (c *Controller) PlaceFit() float64 { return c.placeFit }
 // unplacedNow reports whether the allocator found, since the last look,
 // that the blocks of the policy in force (planned by this Engine) need
 // more pages than the limit holds, or, where best fit serves the policy
-// (its placement given up), forced evictions under it, and lowers the
+// (its placement given up), forced evictions under it in an iteration
+// that allocated no more than the policy's profile, and lowers the
 // share of the limit the next plan aims at to the share of the policy's
 // simulated peak that would have fit (best fit: less the bytes forced
 // out, and at least bestFitStep lower): a plan whose peak sat under the
@@ -415,7 +416,10 @@ func (c *Controller) unplacedNow(p *Policy, o Observation) bool {
 	switch {
 	case o.Shortfalls != c.shortfalls:
 		c.shortfalls, fit = o.Shortfalls, o.Fit
-	case o.BestFit && o.Evictions > 0 && c.cfg.Limit > 0:
+	case o.BestFit && o.Evictions > 0 && o.Key.Bytes <= p.Key.Bytes && c.cfg.Limit > 0:
+		// An iteration that allocates more than the policy's profile (a
+		// decode's growing cache) is outgrowing it (Outgrew): planned
+		// lower, the policy would not hold it better.
 		fit = min(1-float64(o.EvictedBytes)/float64(c.cfg.Limit), bestFitStep)
 	default:
 		return false

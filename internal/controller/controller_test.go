@@ -190,7 +190,8 @@ func TestRestarted(t *testing.T) {
 // placement given up) and forced evictions under it, the next plan aims
 // lower, at least bestFitStep of the policy's peak and more where the
 // bytes forced out ask for it, down to minPlaceFit and no further; an
-// iteration with no eviction, a policy placed (not BestFit) and one from
+// iteration with no eviction, one that allocates more than the policy's
+// profile (a decode's cache grows: Outgrew's case), a policy placed (not BestFit) and one from
 // elsewhere are left as they are.
 func TestTightenBestFit(t *testing.T) {
 	all := func(Key) bool { return true }
@@ -217,10 +218,18 @@ func TestTightenBestFit(t *testing.T) {
 		assert.Equal(t, tc.want, r.Unplaced, tc.name)
 		assert.InDelta(t, tc.fit, c.PlaceFit(), 1e-9, tc.name)
 	}
+	// Above the policy's bytes, falling or not since the last iteration.
+	c := newTest()
+	more, most := keyA, keyA
+	more.Bytes, most.Bytes = keyA.Bytes+1, keyA.Bytes+2
+	seen(c, keyA, most)
+	r := c.End(Observation{Key: more, Policy: pol, Cached: true, BestFit: true, Evictions: 3, EvictedBytes: 10})
+	assert.False(t, r.Unplaced, "more bytes than the policy's profile")
+	assert.InDelta(t, 1, c.PlaceFit(), 1e-9)
 
 	// Evictions go on under each tighter plan: twice reaches the floor,
 	// where the policy stays.
-	c := newTest()
+	c = newTest()
 	seen(c, keyA, keyA)
 	fits := []float64{}
 	for range 4 {
