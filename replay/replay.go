@@ -287,7 +287,7 @@ func checkSizes(tr *trace.Trace, scale, limit int64) error {
 // The error names the op and the lowest limit the trace can run under.
 func checkWorkingSets(tr *trace.Trace, scale, room int64) error {
 	var worst *trace.Op
-	var worstIter int
+	var worstIt *trace.Iteration
 	var most int64
 	for _, it := range tr.Iterations {
 		for i := range it.Ops {
@@ -304,16 +304,20 @@ func checkWorkingSets(tr *trace.Trace, scale, room int64) error {
 				}
 			}
 			if n > most {
-				worst, worstIter, most = op, it.Index, n
+				worst, worstIt, most = op, it, n
 			}
 		}
 	}
 	if most <= room {
 		return nil
 	}
+	hint := ""
+	if _, ok := trace.Divide(worstIt, worst); ok {
+		hint = "; the op is made of independent pieces, which replay --split (trace.SplitTrace) runs one by one"
+	}
 	return fmt.Errorf("replay: op %d (%s) of iteration %d (%s) reads and writes %d bytes at scale 1/%d, more than the device limit of %d bytes: "+
-		"every tensor an op lists is resident while it runs, so the lowest limit this trace can run under is %d bytes at this scale (%.1f%% of its peak)",
-		worst.Seq, worst.Name, worstIter, where(tr, worst.Line), most, scale, room, most, 100*float64(most)*float64(scale)/float64(max(PeakBytes(tr), 1)))
+		"every tensor an op lists is resident while it runs, so the lowest limit this trace can run under is %d bytes at this scale (%.1f%% of its peak)%s",
+		worst.Seq, worst.Name, worstIt.Index, where(tr, worst.Line), most, scale, room, most, 100*float64(most)*float64(scale)/float64(max(PeakBytes(tr), 1)), hint)
 }
 
 // roundedAt is t's size at scale as the Engine allocates it.

@@ -12,6 +12,7 @@ import (
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // replayAt replays name at pct of its peak, scaled, for at least 14
@@ -114,7 +115,8 @@ func TestStableOnMixtureOfExperts(t *testing.T) {
 // step reads and writes every parameter, gradient and optimizer state at
 // once, 77% of the trace's peak: at 70% no plan and no eviction can run it,
 // and the replay says so before it starts, naming the op and the lowest
-// limit that can work.
+// limit that can work, and that the op is made of pieces --split runs one
+// by one.
 func TestLimitUnderAnOpsWorkingSetIsRefused(t *testing.T) {
 	tr := shared(t, "llama16-bf16-ckpt.jsonl.gz")
 	const scale = 1024
@@ -127,6 +129,14 @@ func TestLimitUnderAnOpsWorkingSetIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "aten::_fused_adamw_")
 	assert.Contains(t, err.Error(), "the lowest limit this trace can run under")
 	assert.Contains(t, err.Error(), "llama16-bf16-ckpt.jsonl.gz:")
+	assert.Contains(t, err.Error(), "made of independent pieces, which replay --split (trace.SplitTrace) runs one by one")
+
+	// Split, each piece of the step fits, and the trace runs.
+	split, _ := trace.SplitTrace(tr)
+	rep, err := replay.Run(split, dev, replay.Config{Scale: scale, Limit: limit, Rounds: 1})
+	require.NoError(t, err)
+	defer rep.Engine.Close()
+	assert.Zero(t, rep.FailedUses)
 }
 
 // TestDecodeStaysStableAsTheCacheGrows: a prefill, then 48 decode steps
