@@ -189,10 +189,10 @@ func TestRestarted(t *testing.T) {
 // TestTightenBestFit: where best fit serves the policy in force (its
 // placement given up) and forced evictions under it, the next plan aims
 // lower, at least bestFitStep of the policy's peak and more where the
-// bytes forced out ask for it, down to minPlaceFit and no further; an
+// bytes forced out ask for it, down to minPlaceFit and no further. An
 // iteration with no eviction, one that allocates more than the policy's
-// profile (a decode's cache grows: Outgrew's case), a policy placed (not BestFit) and one from
-// elsewhere are left as they are.
+// profile (a decode's cache grows: Outgrew's case), a policy placed (not
+// BestFit) and one from elsewhere are left as they are.
 func TestTightenBestFit(t *testing.T) {
 	all := func(Key) bool { return true }
 	pol := &Policy{ID: 1, Key: keyA, Here: true, Targets: 4, Matched: 4, Peak: 1000}
