@@ -50,6 +50,19 @@ func unlimited(t *testing.T, d *host.Device, cfg Config) *Report {
 	return rep
 }
 
+// limited runs cfg under cfg.Limit on a new host device and checks what
+// every limited run must hold: the Engine's peak and the device's within
+// the limit.
+func limited(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	d := newHost(t)
+	rep, err := Train(d, hostKernels(d), cfg)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit, "the Engine's allocator went over the limit")
+	assert.LessOrEqual(t, d.PeakAllocated(), cfg.Limit, "the device held more than the Engine's reservation")
+	return rep
+}
+
 func requireSameBits(t *testing.T, want, got []float32) {
 	t.Helper()
 	require.Len(t, got, len(want))
@@ -76,16 +89,12 @@ func TestLimitKeepsLossBits(t *testing.T) {
 	peak := free.Stats.PeakDeviceBytes
 
 	cfg.Limit = peak / 2
-	d := newHost(t)
-	rep, err := Train(d, hostKernels(d), cfg)
-	require.NoError(t, err)
+	rep := limited(t, cfg)
 
 	requireSameBits(t, free.Losses(), rep.Losses())
 	st := rep.Stats
 	assert.Positive(t, st.SwappedOutBytes, "half the peak must force swaps")
 	assert.Positive(t, st.SwappedInBytes)
-	assert.LessOrEqual(t, st.PeakDeviceBytes, cfg.Limit, "the Engine's allocator went over the limit")
-	assert.LessOrEqual(t, d.PeakAllocated(), cfg.Limit, "the device held more than the Engine's reservation")
 	assert.Positive(t, st.Replans, "a policy was planned")
 	assert.Equal(t, seq.Stable, rep.Steps[len(rep.Steps)-1].Result.Stage)
 
@@ -109,9 +118,7 @@ func TestDynamicSequence(t *testing.T) {
 	free := unlimited(t, newHost(t), cfg)
 
 	cfg.Limit = free.Stats.PeakDeviceBytes / 2
-	d := newHost(t)
-	rep, err := Train(d, hostKernels(d), cfg)
-	require.NoError(t, err)
+	rep := limited(t, cfg)
 	requireSameBits(t, free.Losses(), rep.Losses())
 
 	var changed, planned, hits int
@@ -154,11 +161,8 @@ func TestRecomputeKeepsLossBits(t *testing.T) {
 	cfg.Recompute = true
 	cfg.Link = 1e8 // 100 MB/s: each swapped activation costs more than its recompute
 	cfg.StepMS = 2 // op times fitted to a fixed step, whatever this machine's speed
-	d := newHost(t)
-	rep, err := Train(d, hostKernels(d), cfg)
-	require.NoError(t, err)
+	rep := limited(t, cfg)
 	assert.Positive(t, rep.Stats.Recomputes, "activations were made again")
-	assert.LessOrEqual(t, rep.Stats.PeakDeviceBytes, cfg.Limit)
 	requireSameBits(t, free.Losses(), rep.Losses())
 }
 
@@ -186,14 +190,10 @@ func TestLossChunks(t *testing.T) {
 	floor := 3 * 4 * int64(m.Batch) * int64(m.Out)
 	cfg.Limit = free.Stats.PeakDeviceBytes / 2
 	require.Less(t, cfg.Limit, floor, "the limit must be below the whole-batch loss's working set")
-	d := newHost(t)
-	rep, err := Train(d, hostKernels(d), cfg)
-	require.NoError(t, err)
+	rep := limited(t, cfg)
 	requireSameBits(t, cl, rep.Losses())
 	st := rep.Stats
 	assert.Positive(t, st.SwappedOutBytes, "the chunks' predictions and targets are swapped")
-	assert.LessOrEqual(t, st.PeakDeviceBytes, cfg.Limit)
-	assert.LessOrEqual(t, d.PeakAllocated(), cfg.Limit)
 	assert.Equal(t, seq.Stable, rep.Steps[len(rep.Steps)-1].Result.Stage)
 	t.Logf("peak %d whole, %d in %d chunks, %d under %d (the whole-batch loss lists %d); loss %.4f -> %.4f",
 		whole.Stats.PeakDeviceBytes, free.Stats.PeakDeviceBytes, m.LossChunks, st.PeakDeviceBytes, cfg.Limit, floor, cl[0], cl[len(cl)-1])
@@ -220,14 +220,10 @@ func TestHoistKeepsLossBits(t *testing.T) {
 		m := c.Model
 		require.Greater(t, 3*m.ParamBytes(), m.SavedActivationBytes(), "the parameters' state must outweigh the activations")
 		c.Limit = hoisted.Stats.PeakDeviceBytes / 2
-		d := newHost(t)
-		rep, err := Train(d, hostKernels(d), c)
-		require.NoError(t, err)
+		rep := limited(t, c)
 		requireSameBits(t, end.Losses(), rep.Losses())
 		st := rep.Stats
 		assert.Positive(t, st.SwappedOutBytes, "half the peak must force swaps")
-		assert.LessOrEqual(t, st.PeakDeviceBytes, c.Limit)
-		assert.LessOrEqual(t, d.PeakAllocated(), c.Limit)
 		assert.Equal(t, seq.Stable, rep.Steps[len(rep.Steps)-1].Result.Stage)
 		t.Logf("peak %d with the step at the end, %d hoisted, %d under %d; swapped %d bytes out",
 			end.Stats.PeakDeviceBytes, hoisted.Stats.PeakDeviceBytes, st.PeakDeviceBytes, c.Limit, st.SwappedOutBytes)
