@@ -202,6 +202,9 @@ type planReport struct {
 	// plan by tensor kind. Both absent when no plan was made.
 	LargestSwaps  []largeSwap     `json:"largest_swaps,omitempty"`
 	PeakBreakdown *peakBreakdowns `json:"peak_breakdown,omitempty"`
+	// Traffic is bytes_h2d and bytes_d2h by tensor kind; absent when no
+	// plan was made.
+	Traffic *trafficByKind `json:"traffic_by_kind,omitempty"`
 	// Recomputes (with --recompute) name ops by their trace seq numbers;
 	// overhead_pct includes their time.
 	Recomputes      []simulate.Recompute `json:"recomputes"`
@@ -565,6 +568,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.LargestSwaps = largestSwaps(res.Model, pol, seqOf)
 	bd := peakBreakdownsOf(res.Model, res.Curve, pol)
 	rep.PeakBreakdown = &bd
+	tr := trafficOf(res.Model, pol)
+	rep.Traffic = &tr
 	rep.before = res.Curve
 	return rep, nil
 }

@@ -52,6 +52,61 @@ type peakBreakdown struct {
 	Other       int64 `json:"other"`
 }
 
+// kindBytes is bytes split by tensor kind, as peakBreakdown splits them.
+type kindBytes struct {
+	Params      int64 `json:"params"`
+	OptState    int64 `json:"optimizer_state"`
+	Activations int64 `json:"activations"`
+	Gradients   int64 `json:"gradients"`
+	Inputs      int64 `json:"inputs"`
+}
+
+func (k *kindBytes) add(kind trace.Kind, grad bool, n int64) {
+	switch {
+	case kind == trace.KindParam:
+		k.Params += n
+	case kind == trace.KindOptState:
+		k.OptState += n
+	case kind == trace.KindInput:
+		k.Inputs += n
+	case grad:
+		k.Gradients += n
+	default:
+		k.Activations += n
+	}
+}
+
+func (k kindBytes) String() string {
+	return fmt.Sprintf("params %s, optimizer state %s, activations %s, gradients %s, inputs %s",
+		fmtBytes(k.Params), fmtBytes(k.OptState), fmtBytes(k.Activations), fmtBytes(k.Gradients), fmtBytes(k.Inputs))
+}
+
+// trafficByKind is what a plan's swaps copy over the link in one step, by
+// the kind of the tensor: In to the device (every swap), Out to the host
+// (every swap but those whose host copy is current, which leave with no
+// copy: bytes_released).
+type trafficByKind struct {
+	In  kindBytes `json:"h2d"`
+	Out kindBytes `json:"d2h"`
+}
+
+// trafficOf splits pol's copies by kind.
+func trafficOf(m *memory.Model, pol *mre.Policy) trafficByKind {
+	var r trafficByKind
+	grads := trace.Gradients(m.Iter)
+	for _, s := range pol.Swaps {
+		kind := trace.KindActivation
+		if t := m.Iter.Tensor(s.Tensor); t != nil {
+			kind = t.Kind
+		}
+		r.In.add(kind, grads[s.Tensor], s.Bytes)
+		if !s.NoCopyOut {
+			r.Out.add(kind, grads[s.Tensor], s.Bytes)
+		}
+	}
+	return r
+}
+
 // peakBreakdowns is the breakdown at the peak before and after the plan.
 type peakBreakdowns struct {
 	Before peakBreakdown `json:"before"`
@@ -189,6 +244,10 @@ func printSwapsAndBreakdown(w io.Writer, r *planReport) {
 	if r.PeakBreakdown != nil {
 		fmt.Fprintf(w, "peak before: %s\n", r.PeakBreakdown.Before)
 		fmt.Fprintf(w, "peak after:  %s\n", r.PeakBreakdown.After)
+	}
+	if r.Traffic != nil {
+		fmt.Fprintf(w, "copied in a step, by kind:  %s\n", r.Traffic.In)
+		fmt.Fprintf(w, "copied out a step, by kind: %s\n", r.Traffic.Out)
 	}
 	if len(r.LargestSwaps) == 0 {
 		return

@@ -23,6 +23,8 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	assert.Contains(t, text, "model.embed_tokens", "a swap named by its module")
 	assert.Regexp(t, `peak before: \d+\.\d\d GiB at op \d+: params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, gradients [\d.]+ GiB, inputs [\d.]+ GiB, other`, text)
 	assert.Contains(t, text, "peak after:  ")
+	assert.Regexp(t, `copied in a step, by kind:  params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, gradients [\d.]+ GiB, inputs [\d.]+ GiB`, text)
+	assert.Contains(t, text, "copied out a step, by kind: params ")
 
 	dir := t.TempDir()
 	pf := filepath.Join(dir, "tl.json")
@@ -36,6 +38,10 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		PeakBreakdown struct {
 			Before, After peakBreakdown
 		} `json:"peak_breakdown"`
+		BytesIn  int64         `json:"bytes_h2d"`
+		BytesOut int64         `json:"bytes_d2h"`
+		Released int64         `json:"bytes_released"`
+		Traffic  trafficByKind `json:"traffic_by_kind"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	require.Len(t, rep.LargestSwaps, min(10, len(rep.Swaps)))
@@ -53,6 +59,11 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		assert.Positive(t, b.Params, name)
 		assert.Positive(t, b.Activations, name)
 	}
+	sum := func(k kindBytes) int64 { return k.Params + k.OptState + k.Activations + k.Gradients + k.Inputs }
+	assert.Positive(t, rep.BytesIn)
+	assert.Equal(t, rep.BytesIn, sum(rep.Traffic.In), "every byte copied in has a kind")
+	assert.Equal(t, rep.BytesOut, sum(rep.Traffic.Out), "every byte copied out has a kind")
+	assert.Equal(t, rep.BytesIn-rep.BytesOut, rep.Released, "what comes in and does not go out leaves with no copy")
 	assert.Equal(t, rep.PeakBefore, rep.PeakBreakdown.Before.Bytes)
 	assert.Equal(t, rep.PeakAfter, rep.PeakBreakdown.After.Bytes)
 	assert.Less(t, rep.PeakBreakdown.After.Activations+rep.PeakBreakdown.After.Params,
