@@ -38,22 +38,18 @@ type largeSwap struct {
 type peakBreakdown struct {
 	Op    int   `json:"op"` // the op's seq number
 	Bytes int64 `json:"bytes"`
-	// Params, OptState, Activations and Inputs are the bytes of the
-	// storages of each trace kind live at the op (less, after the plan,
-	// those swapped out or dropped for a recompute); Other is what the
-	// curve holds beyond them (allocator rounding, storages no op of the
-	// iteration references). Gradients are the activations an optimizer
-	// step reads as such (trace.Gradients); a trace does not mark them.
-	Params      int64 `json:"params"`
-	OptState    int64 `json:"optimizer_state"`
-	Activations int64 `json:"activations"`
-	Gradients   int64 `json:"gradients"`
-	Inputs      int64 `json:"inputs"`
-	Other       int64 `json:"other"`
+	// KindBytes are the bytes of the storages of each kind live at the op
+	// (less, after the plan, those swapped out or dropped for a
+	// recompute); Other is what the curve holds beyond them (allocator
+	// rounding, storages no op of the iteration references).
+	KindBytes
+	Other int64 `json:"other"`
 }
 
-// kindBytes is bytes split by tensor kind, as peakBreakdown splits them.
-type kindBytes struct {
+// KindBytes is bytes split by tensor kind. Gradients are the activations
+// an optimizer step reads as such (trace.Gradients); a trace does not mark
+// them.
+type KindBytes struct {
 	Params      int64 `json:"params"`
 	OptState    int64 `json:"optimizer_state"`
 	Activations int64 `json:"activations"`
@@ -61,7 +57,9 @@ type kindBytes struct {
 	Inputs      int64 `json:"inputs"`
 }
 
-func (k *kindBytes) add(kind trace.Kind, grad bool, n int64) {
+// add counts n bytes of a storage of kind (grad: an activation an
+// optimizer step reads as a gradient).
+func (k *KindBytes) add(kind trace.Kind, grad bool, n int64) {
 	switch {
 	case kind == trace.KindParam:
 		k.Params += n
@@ -69,14 +67,14 @@ func (k *kindBytes) add(kind trace.Kind, grad bool, n int64) {
 		k.OptState += n
 	case kind == trace.KindInput:
 		k.Inputs += n
-	case grad:
+	case kind == trace.KindActivation && grad:
 		k.Gradients += n
 	default:
 		k.Activations += n
 	}
 }
 
-func (k kindBytes) String() string {
+func (k KindBytes) String() string {
 	return fmt.Sprintf("params %s, optimizer state %s, activations %s, gradients %s, inputs %s",
 		fmtBytes(k.Params), fmtBytes(k.OptState), fmtBytes(k.Activations), fmtBytes(k.Gradients), fmtBytes(k.Inputs))
 }
@@ -86,8 +84,8 @@ func (k kindBytes) String() string {
 // (every swap but those whose host copy is current, which leave with no
 // copy: bytes_released).
 type trafficByKind struct {
-	In  kindBytes `json:"h2d"`
-	Out kindBytes `json:"d2h"`
+	In  KindBytes `json:"h2d"`
+	Out KindBytes `json:"d2h"`
 }
 
 // trafficOf splits pol's copies by kind.
@@ -156,22 +154,7 @@ func breakdownAt(m *memory.Model, grads map[trace.TensorID]bool, t int, mem int6
 		if !live || l.Tensor == nil || (gone != nil && gone(l.Tensor.ID)) {
 			continue
 		}
-		switch l.Tensor.Kind {
-		case trace.KindParam:
-			b.Params += l.Bytes
-		case trace.KindOptState:
-			b.OptState += l.Bytes
-		case trace.KindInput:
-			b.Inputs += l.Bytes
-		case trace.KindActivation:
-			if grads[l.Tensor.ID] {
-				b.Gradients += l.Bytes
-			} else {
-				b.Activations += l.Bytes
-			}
-		default:
-			b.Activations += l.Bytes
-		}
+		b.add(l.Tensor.Kind, grads[l.Tensor.ID], l.Bytes)
 		sum += l.Bytes
 	}
 	b.Other = mem - sum

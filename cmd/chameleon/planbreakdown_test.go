@@ -59,7 +59,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		assert.Positive(t, b.Params, name)
 		assert.Positive(t, b.Activations, name)
 	}
-	sum := func(k kindBytes) int64 { return k.Params + k.OptState + k.Activations + k.Gradients + k.Inputs }
+	sum := func(k KindBytes) int64 { return k.Params + k.OptState + k.Activations + k.Gradients + k.Inputs }
 	assert.Positive(t, rep.BytesIn)
 	assert.Equal(t, rep.BytesIn, sum(rep.Traffic.In), "every byte copied in has a kind")
 	assert.Equal(t, rep.BytesOut, sum(rep.Traffic.Out), "every byte copied out has a kind")
