@@ -235,6 +235,12 @@ func (p *planner) copies(id trace.TensorID) float64 {
 // When the timed spans cannot cover every point, spans are stretched
 // towards the whole idle gap: the plan then stays valid and the simulation
 // charges the wait it costs.
+//
+// Last, the copies that still made compute wait are moved where the
+// simulated memory has room (unless WithoutRetime): a swap whose memory an
+// op waited to count free frees it later, one whose use waited for its
+// copy back has it issued earlier; each pass is kept only when it
+// simulates faster within the limit.
 func Plan(in Input, opts ...Option) (*Policy, error) {
 	cfg := newConfig(opts)
 	if err := cfg.validate(); err != nil {
@@ -251,9 +257,21 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 		if len(in.Recomputable) != len(curve) {
 			return nil, fmt.Errorf("mre: recomputable flags for %d ops, want %d", len(in.Recomputable), len(curve))
 		}
-		return planHybrid(in, curve, cfg)
+		return retimed(in, cfg)(planHybrid(in, curve, cfg))
 	}
-	return planSwaps(in, curve, &planner{cfg: cfg})
+	return retimed(in, cfg)(planSwaps(in, curve, &planner{cfg: cfg}))
+}
+
+// retimed returns a function that passes a planned policy through
+// retime (unless cfg says not to), errors unchanged.
+func retimed(in Input, cfg config) func(*Policy, error) (*Policy, error) {
+	return func(pol *Policy, err error) (*Policy, error) {
+		if err != nil || pol == nil || cfg.noRetime {
+			return pol, err
+		}
+		p := &planner{cfg: cfg, simCurve: pol.Curve, recomputes: pol.Recomputes}
+		return p.retime(in, pol), nil
+	}
 }
 
 // planSwaps is the swap planner of Plan, over the need that p's recomputes

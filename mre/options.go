@@ -21,6 +21,7 @@ type config struct {
 	link     simulate.Link
 	rounds   int
 	sim      func(simulate.Input) (*simulate.Result, error)
+	noRetime bool
 }
 
 // Defaults.
@@ -94,6 +95,12 @@ func WithSimulator(run func(simulate.Input) (*simulate.Result, error)) Option {
 		}
 	})
 }
+
+// WithoutRetime leaves the copies of the planned swaps where the selection
+// timed them: Plan then does not move the copies that made compute wait
+// to where the simulated memory has room (see Plan), and the memory keeps
+// the room they would take.
+func WithoutRetime() Option { return optionFunc(func(c *config) { c.noRetime = true }) }
 
 // Validate reports the first setting among opts that Plan would refuse, so
 // a caller can check its settings before it has anything to plan.

@@ -1,0 +1,103 @@
+package mre
+
+import "slices"
+
+// retimeRounds bounds the passes of retime.
+const retimeRounds = 32
+
+// retime moves the copies of a policy's swaps that made compute wait,
+// where the simulated memory has room, and keeps each pass that simulates
+// faster:
+//   - a swap whose memory an op waited to count free (its copy out was
+//     queued behind others) frees it later, at the first op that starts
+//     after the copy ends;
+//   - a swap whose use waited for its copy back has it issued earlier, by
+//     the wait.
+//
+// The selection times each copy on the stall-free timeline and, for the
+// swaps that wrap the iteration, without the others that share the
+// engine, so where copies crowd (the optimizer state a hoisted step writes
+// in the backward, the weights it wrote that leave in the forward) ops
+// wait that memory would let run. A move holds the swap's bytes over the
+// ops it spans: it is taken only while the memory after each of them, with
+// every move taken before it, stays within the limit, and a swap keeps
+// freeing over at least one op. It is a pure function of the policy.
+func (p *planner) retime(in Input, pol *Policy) *Policy {
+	if pol == nil || pol.Sim == nil || len(pol.Swaps) == 0 || len(pol.Sim.Ops) != len(pol.Curve) {
+		return pol
+	}
+	n := len(pol.Curve)
+	for range retimeRounds {
+		sim := pol.Sim
+		mem := make([]int64, n)
+		for t := range n {
+			mem[t] = sim.Ops[t].Mem
+		}
+		fits := func(lo, hi int, b int64) bool {
+			for t := lo; t < hi; t++ {
+				if mem[t]+b > in.Limit {
+					return false
+				}
+			}
+			return true
+		}
+		take := func(lo, hi int, b int64) {
+			for t := lo; t < hi; t++ {
+				mem[t] += b
+			}
+		}
+		swaps := slices.Clone(pol.Swaps)
+		moved := false
+		for s := range swaps {
+			w := &swaps[s]
+			inside := w.Out < w.Use
+			// The copy out: the op at Free waited for it.
+			if f := sim.Freed[s]; f >= 0 && f < n && w.Free >= 0 && !w.NoCopyOut && sim.Ops[f].Stall > 0 && sim.Out[s].End >= sim.Ops[f].Start-1e-6 {
+				end := n // a wrap frees over [Free, n) and [0, In)
+				if inside {
+					end = w.In - 1
+				} else if w.In == 0 {
+					end = n - 1
+				}
+				target := sim.Out[s].End + sim.Ops[f].Stall
+				k := f
+				for k < end && sim.Ops[k].Start < target {
+					k++
+				}
+				if k > f && k <= n && fits(f, min(k, n), w.Bytes) {
+					take(f, min(k, n), w.Bytes)
+					w.Free, moved = k, true
+				}
+			}
+			// The copy back: its use waited for it.
+			if u := sim.Ops[w.Use]; u.Stall > 0 && sim.In[s].End >= u.Start-1e-6 && w.In > 0 {
+				lo := 0
+				if inside {
+					lo = max(w.Out, w.Free, sim.Freed[s]) + 1
+				} else if w.Free >= n {
+					lo = 1
+				}
+				target := sim.Ops[w.In].Start - u.Stall
+				k := w.In
+				for k > lo && sim.Ops[k-1].Start >= target && mem[k-1]+w.Bytes <= in.Limit {
+					k--
+				}
+				if k < w.In {
+					take(k, w.In, w.Bytes)
+					w.In, moved = k, true
+				}
+			}
+		}
+		if !moved {
+			return pol
+		}
+		r, err := p.simulateRound(in, swaps)
+		if err != nil || r.IterationUS >= pol.Sim.IterationUS || r.Peak > max(in.Limit, pol.Sim.Peak) {
+			return pol
+		}
+		next := *pol
+		next.Swaps, next.Sim = swaps, r
+		pol = &next
+	}
+	return pol
+}
