@@ -147,3 +147,36 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 	}
 	return pol
 }
+
+// Retime is Plan's last step on its own, for a caller that plans
+// WithoutRetime and checks what the moves cost it elsewhere (blocks that
+// must still fit in pages): it moves the copies of pol that made compute
+// wait where the memory of in's curve (in.ResolveCurve) under in.Limit has
+// room, and returns the moved policy with pol's Curve, or pol itself when
+// nothing moved or nothing ran faster. in is the input pol was planned
+// from, its curve raised where the caller held memory back; pol is not
+// changed. WithoutRetime among opts returns pol.
+func Retime(in Input, pol *Policy, opts ...Option) *Policy {
+	cfg := newConfig(opts)
+	if cfg.validate() != nil || cfg.noRetime || pol == nil || pol.Sim == nil || in.Model == nil {
+		return pol
+	}
+	curve := in.ResolveCurve()
+	if len(curve) != len(pol.Curve) || len(in.OpTimes) != len(curve) {
+		return pol
+	}
+	p := &planner{cfg: cfg, simCurve: curve, recomputes: pol.Recomputes}
+	start := *pol
+	start.Curve = curve
+	sim, err := p.simulateRound(in, slices.Clone(pol.Swaps))
+	if err != nil {
+		return pol
+	}
+	start.Sim = sim
+	out := p.retime(in, &start)
+	if out == &start {
+		return pol
+	}
+	out.Curve = pol.Curve
+	return out
+}

@@ -173,6 +173,14 @@ func Make(in Input, opts ...Option) (*Result, error) {
 	}
 	done := cfg.observe(StagePlan)
 	popts := append(append([]mre.Option{mre.WithSimulator(cfg.sim.Simulate)}, cfg.planOpts...), mre.WithLink(cfg.link))
+	// The package's planner moves the copies that still wait (mre.Retime)
+	// once the layout is known, not in every plan the layout makes: moved,
+	// the blocks live longer and fit pages worse.
+	retimeLater := cfg.ownStages && !cfg.noLayout
+	retimeOpts := popts
+	if retimeLater {
+		popts = append(slices.Clone(popts), mre.WithoutRetime())
+	}
 	var recomputable []bool
 	if cfg.recompute != nil {
 		if recomputable = cfg.recompute(in.Iter); len(recomputable) != len(in.Iter.Ops) {
@@ -192,14 +200,7 @@ func Make(in Input, opts ...Option) (*Result, error) {
 		if err := cfg.canceled(); err != nil {
 			return nil, fmt.Errorf("plan: limit %d bytes: %w", limit, err)
 		}
-		curve := r.Curve
-		if held != nil {
-			curve = slices.Clone(curve)
-			for t := range curve {
-				curve[t] += held[t]
-			}
-		}
-		pol, err := cfg.planner.Plan(mre.Input{Model: r.Model, Curve: curve, OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
+		pol, err := cfg.planner.Plan(mre.Input{Model: r.Model, Curve: raised(r.Curve, held), OpTimes: r.OpTimes, Groups: r.Groups, Limit: limit,
 			Recomputable: recomputable}, popts...)
 		if err == nil && pol != nil && held != nil {
 			pol.Curve = r.Curve // the curve the plan keeps, not the one raised by held
@@ -236,6 +237,9 @@ func Make(in Input, opts ...Option) (*Result, error) {
 	if err == nil && !cfg.noLayout {
 		err = r.fit(cfg, in.Limit, planAt)
 	}
+	if err == nil && retimeLater {
+		err = r.retime(cfg, in.Limit, recomputable, retimeOpts)
+	}
 	if err != nil {
 		r.Policy, r.Planned, r.Issue, r.Exec = nil, 0, nil, nil
 	}
@@ -268,14 +272,7 @@ func (r *Result) simulate(cfg config, observed bool) error {
 // over the budget, which the executor still runs, with what does not fit
 // served by its allocator's best fit.
 func (r *Result) fit(cfg config, limit int64, planAt func(int64, []int64) (*mre.Policy, error)) error {
-	budget := cfg.budget
-	if budget == 0 {
-		budget = limit
-	}
-	page := cfg.page
-	if page < 0 {
-		page = device.PageFor(budget, 2<<20, 16<<20) // CUDA's granule to its largest page (device/cuda)
-	}
+	page, budget := cfg.pages(limit)
 	done := cfg.observe(StageLayout)
 	r.Layout = LayOut(r, page, budget)
 	if r.Layout.Fits() {
@@ -311,6 +308,58 @@ func (r *Result) fit(cfg config, limit int64, planAt func(int64, []int64) (*mre.
 	*r = best
 	r.Tries = tries
 	done(r, nil)
+	return nil
+}
+
+// raised is curve raised by held at each op (held nil: curve itself).
+func raised(curve, held []int64) []int64 {
+	if held == nil {
+		return curve
+	}
+	out := slices.Clone(curve)
+	for t := range out {
+		out[t] += held[t]
+	}
+	return out
+}
+
+// pages is the page and the budget the layout of a plan under limit
+// counts in: cfg's, else CUDA's granule to its largest page for the
+// budget (device/cuda) and the limit.
+func (cfg config) pages(limit int64) (page, budget int64) {
+	budget = cmp.Or(cfg.budget, limit)
+	page = cfg.page
+	if page < 0 {
+		page = device.PageFor(budget, 2<<20, 16<<20)
+	}
+	return page, budget
+}
+
+// retime moves the copies of r's plan that still make compute wait where
+// the memory under the limit r was planned for, less what it held back,
+// has room (mre.Retime), and keeps the moved plan if its blocks fit as
+// well as r's do (fit, or no more over the budget) and the executor's
+// order runs it faster.
+func (r *Result) retime(cfg config, limit int64, recomputable []bool, popts []mre.Option) error {
+	if r.Policy == nil || r.Layout == nil {
+		return nil
+	}
+	pol := mre.Retime(mre.Input{Model: r.Model, Curve: raised(r.Curve, r.Held), OpTimes: r.OpTimes, Groups: r.Groups, Limit: r.Planned,
+		Recomputable: recomputable}, r.Policy, popts...)
+	if pol == r.Policy {
+		return nil
+	}
+	next := *r
+	next.Policy = pol
+	if err := next.simulate(cfg, false); err != nil {
+		return err
+	}
+	page, budget := cfg.pages(limit)
+	next.Layout = LayOut(&next, page, budget)
+	fits := next.Layout.Fits() || !r.Layout.Fits() && next.Layout.Over() <= r.Layout.Over()
+	if fits && next.Exec.IterationUS < r.Exec.IterationUS {
+		*r = next
+	}
 	return nil
 }
 

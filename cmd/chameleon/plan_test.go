@@ -759,6 +759,21 @@ and 50.8% right after, the difference the optimizer state's copies out of one st
 GiB, running ahead of the next step's forward; 45.8% now, with the swaps around recompute reads
 and the deep remakes).
 
+Last, the copies that still make compute wait are moved where the simulated memory has room
+(` + "`mre.Retime`" + `): a swap whose memory an op waited to count free, its copy out queued behind
+others, frees it later, at the first op that starts after the copy ends; one whose use waited for
+its copy back has it issued earlier by the wait; and where freeing later does not fit, copies back
+that hold memory there and would still end well before their use (twice their copy time) are
+issued later to make the room. Each move holds its bytes over the ops it spans and is taken only
+while the memory after each of them stays within the limit; a pass is kept only when it simulates
+faster, for up to 32 passes. The selection times each copy on the stall-free timeline, and the
+swaps across the step's end without the others on the engine, so where copies crowd, ops wait
+that memory would let run: with the optimizer step in the backward (` + "`--hoist`" + `), the state each
+piece writes queues on the link out while the backward's memory has room. The planning path moves
+them once the layout is known, under the limit the plan was made for and under the whole limit,
+and keeps a moved plan only when its blocks still fit and it runs faster: moved, blocks live
+longer and fit pages worse (` + "`--layout=false`" + ` moves them in the plan itself).
+
 bound with recompute: ` + "`mre.RecomputeBound`" + ` (` + "`overhead_pct_bound_recompute`" + ` in ` + "`plan --json`" + `), the least
 overhead of any plan of swaps and recomputes in this model: a plan that starts op t D late has
 moved at most the link's rate times (start of t + D) off by then, besides what lives from the step
