@@ -384,6 +384,11 @@ type Result struct {
 	BaseUS, IterationUS float64
 	StallUS             float64
 	RecomputeUS         float64
+	// StallUS in parts, by what the ops waited for: the first op for the
+	// copies out the previous iteration left running (WaitStartUS), ops
+	// for copies out to end before their memory counts free (WaitOutUS),
+	// and for copies back to end before their use (WaitInUS).
+	WaitStartUS, WaitOutUS, WaitInUS float64
 	// Recomputed is, per recompute (indexed like Input.Recomputes), when it
 	// ran on the compute stream.
 	Recomputed []Span
@@ -810,21 +815,27 @@ func (s *sim) recompute(t int) {
 // that wrap); then the copies out of the swaps whose memory it reuses and
 // the copies back of those it uses.
 func (s *sim) waitFor(t int) error {
+	from := s.now
 	if t == 0 {
 		for s.d2h.busy && s.d2h.cur < 0 {
 			s.step(math.Inf(1))
 		}
+		s.r.WaitStartUS += s.now - from
+		from = s.now
 	}
 	for _, k := range s.waitFree[t] {
 		if err := s.wait(k, s.outDone); err != nil {
 			return err
 		}
 	}
+	s.r.WaitOutUS += s.now - from
+	from = s.now
 	for _, k := range s.waitUse[t] {
 		if err := s.wait(k, s.inDone); err != nil {
 			return err
 		}
 	}
+	s.r.WaitInUS += s.now - from
 	return nil
 }
 

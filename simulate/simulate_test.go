@@ -35,6 +35,8 @@ func TestSwapTimingAndMemory(t *testing.T) {
 			r, err := Run(Input{OpTimes: tt.times, Curve: []int64{60e6, 60e6, 60e6, 60e6, 60e6}, Swaps: []Swap{sw}, Link: H200()})
 			require.NoError(t, err)
 			assert.InDelta(t, tt.wantStall, r.StallUS, 1e-6)
+			assert.InDelta(t, tt.wantStall, r.WaitOutUS, 1e-6, "op 2 waits for the copy out")
+			assert.Zero(t, r.WaitStartUS+r.WaitInUS)
 			assert.Equal(t, []int64{60e6, 60e6, 5e6, 60e6, 60e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
 			assert.Equal(t, int64(55e6), r.BytesD2H)
 			assert.Equal(t, int64(55e6), r.BytesH2D)
@@ -51,6 +53,12 @@ func TestUseWaits(t *testing.T) {
 	assert.InDelta(t, 3000, r.Ops[1].Start, 1e-6)
 	assert.InDelta(t, 4100, r.Ops[3].Start, 1e-6)
 	assert.InDelta(t, 4200, r.IterationUS, 1e-6)
+	// The parts of the waits: op 1 for the copy out (1000 us), op 3 for
+	// the copy back (900 us).
+	assert.InDelta(t, 1000, r.WaitOutUS, 1e-6)
+	assert.InDelta(t, 900, r.WaitInUS, 1e-6)
+	assert.Zero(t, r.WaitStartUS)
+	assert.InDelta(t, r.StallUS, r.WaitOutUS+r.WaitInUS, 1e-6)
 }
 
 func TestCongestion(t *testing.T) {
@@ -142,6 +150,9 @@ func TestWrappingSwap(t *testing.T) {
 			r, err := Run(Input{OpTimes: tt.times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
 			require.NoError(t, err)
 			assert.InDelta(t, tt.wantStall, r.StallUS, 1e-6)
+			assert.InDelta(t, 1000, r.WaitStartUS, 1e-6, "op 0 waits for the last step's copy out")
+			assert.InDelta(t, tt.wantStall-1000, r.WaitInUS, 1e-6)
+			assert.Zero(t, r.WaitOutUS)
 			// On the host at the start, back from op 1 on; Free = 5: its
 			// copy out ends after the iteration.
 			assert.Equal(t, []int64{5e6, 60e6, 60e6, 60e6, 60e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})

@@ -115,6 +115,16 @@ func (cfg planConfig) planOptions() ([]plan.Option, error) {
 	return append(opts, plan.WithPlanOptions(mo...)), nil
 }
 
+// waits is the time ops waited for copies, in milliseconds: the step's
+// first op for the copies out the step before left running, ops for
+// copies out to end before their memory counts free, and ops for copies
+// back before their use.
+type waits struct {
+	StepStart  float64 `json:"step_start"`
+	CopiesOut  float64 `json:"copies_out"`
+	CopiesBack float64 `json:"copies_back"`
+}
+
 // layoutReport is plan.Layout in the --json output.
 type layoutReport struct {
 	PageBytes    int64 `json:"page_bytes"`
@@ -192,11 +202,15 @@ type planReport struct {
 	StreamingBoundMSPlanned float64 `json:"streaming_bound_ms_planned"`
 	// HostPeakBytes is the most pinned host memory the plan's swaps hold
 	// at once (plan.HostPeak); HostBudgetBytes is --host-budget (0: none).
-	HostPeakBytes   int64           `json:"host_peak_bytes"`
-	HostBudgetBytes int64           `json:"host_budget_bytes,omitempty"`
-	UtilD2H         float64         `json:"link_util_d2h"`
-	UtilH2D         float64         `json:"link_util_h2d"`
-	Swaps           []simulate.Swap `json:"swaps"`
+	HostPeakBytes   int64   `json:"host_peak_bytes"`
+	HostBudgetBytes int64   `json:"host_budget_bytes,omitempty"`
+	UtilD2H         float64 `json:"link_util_d2h"`
+	UtilH2D         float64 `json:"link_util_h2d"`
+	// Waits is the time ops waited for copies on the simulated timeline,
+	// by what they waited for (simulate.Result's WaitStartUS, WaitOutUS,
+	// WaitInUS).
+	Waits *waits          `json:"waits_ms,omitempty"`
+	Swaps []simulate.Swap `json:"swaps"`
 	// LargestSwaps are the 10 largest swaps, largest first, with the op
 	// that makes each tensor; PeakBreakdown the peak before and after the
 	// plan by tensor kind. Both absent when no plan was made.
@@ -543,6 +557,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.OverheadPct = pol.Sim.OverheadPct()
 	rep.BytesOut, rep.BytesIn = pol.Sim.BytesD2H, pol.Sim.BytesH2D
 	rep.UtilD2H, rep.UtilH2D = pol.Sim.UtilD2H(), pol.Sim.UtilH2D()
+	rep.Waits = &waits{StepStart: pol.Sim.WaitStartUS / 1000, CopiesOut: pol.Sim.WaitOutUS / 1000, CopiesBack: pol.Sim.WaitInUS / 1000}
 	// Report op numbers as the trace's seq numbers.
 	seqOf := func(x int) int {
 		if x == len(it.Ops) { // a wrapping swap's copy out ends after the iteration
@@ -616,6 +631,10 @@ func printPlan(w io.Writer, r *planReport) {
 			fmtBytes(r.TrafficBoundBytes), r.TrafficBoundMS, float64(r.BytesIn)/float64(r.TrafficBoundBytes))
 	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
+	if wt := r.Waits; wt != nil {
+		fmt.Fprintf(w, "waits for copies: %.2f ms: %.2f ms for copies out to end before their memory counts free, %.2f ms for copies back, %.2f ms at the step's first op for the last step's copies out\n",
+			wt.StepStart+wt.CopiesOut+wt.CopiesBack, wt.CopiesOut, wt.CopiesBack, wt.StepStart)
+	}
 	fmt.Fprintf(w, "pinned host memory: the swaps hold %s at most", fmtBytes(r.HostPeakBytes))
 	if r.HostBudgetBytes > 0 {
 		fmt.Fprintf(w, " of a --host-budget of %s", fmtBytes(r.HostBudgetBytes))

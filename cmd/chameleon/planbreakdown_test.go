@@ -25,6 +25,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	assert.Contains(t, text, "peak after:  ")
 	assert.Regexp(t, `copied in a step, by kind:  params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, gradients [\d.]+ GiB, inputs [\d.]+ GiB`, text)
 	assert.Contains(t, text, "copied out a step, by kind: params ")
+	assert.Regexp(t, `waits for copies: [\d.]+ ms: [\d.]+ ms for copies out to end before their memory counts free, [\d.]+ ms for copies back, [\d.]+ ms at the step's first op`, text)
 
 	dir := t.TempDir()
 	pf := filepath.Join(dir, "tl.json")
@@ -42,6 +43,10 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		BytesOut int64         `json:"bytes_d2h"`
 		Released int64         `json:"bytes_released"`
 		Traffic  trafficByKind `json:"traffic_by_kind"`
+		BaseMS   float64       `json:"iteration_ms_base"`
+		SimMS    float64       `json:"iteration_ms_simulated"`
+		RecMS    float64       `json:"recompute_ms"`
+		Waits    waits         `json:"waits_ms"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	require.Len(t, rep.LargestSwaps, min(10, len(rep.Swaps)))
@@ -64,6 +69,12 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	assert.Equal(t, rep.BytesIn, sum(rep.Traffic.In), "every byte copied in has a kind")
 	assert.Equal(t, rep.BytesOut, sum(rep.Traffic.Out), "every byte copied out has a kind")
 	assert.Equal(t, rep.BytesIn-rep.BytesOut, rep.Released, "what comes in and does not go out leaves with no copy")
+	// The step is its ops, its recomputes and its waits; here it waits
+	// for copies both ways.
+	w := rep.Waits
+	assert.Positive(t, w.CopiesOut)
+	assert.Positive(t, w.CopiesBack)
+	assert.InDelta(t, rep.SimMS, rep.BaseMS+rep.RecMS+w.StepStart+w.CopiesOut+w.CopiesBack, 1e-6)
 	assert.Equal(t, rep.PeakBefore, rep.PeakBreakdown.Before.Bytes)
 	assert.Equal(t, rep.PeakAfter, rep.PeakBreakdown.After.Bytes)
 	assert.Less(t, rep.PeakBreakdown.After.Activations+rep.PeakBreakdown.After.Params,
