@@ -100,8 +100,9 @@ func verifiedReplay(t *testing.T, base []string) {
 // with every byte verified, and replay timed at a scale that keeps the
 // GPU's proportions placed (fewer than one block in five hundred missing
 // its place), with no forced eviction and no on-demand swap-in once
-// STABLE; no plan beats the bound of plans with recompute, and the step in
-// the backward plans at least 5% faster.
+// STABLE; no plan beats the bound of plans with recompute, none is over
+// 1.4x of it with --split or 1.32x with --hoist, and the step in the
+// backward plans at least 5% faster.
 func TestDeepCutsSplit(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timed replays under the race detector measure the detector")
@@ -134,7 +135,12 @@ func TestDeepCutsSplit(t *testing.T) {
 				t.Logf("25%% with %s: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
 					flag, plan.IterationMSSim, bound, plan.IterationMSSim/bound, plan.HeldBytes, plan.HeldOps)
 				assert.GreaterOrEqual(t, plan.IterationMSSim, bound, "%s: no plan beats the bound of plans with recompute", flag)
-				assert.LessOrEqual(t, plan.IterationMSSim, 1.5*bound, "%s: the plan that fits its layout stays near the bound", flag)
+				// How near: what the plans reached once the copies that still
+				// waited were moved where memory has room (46b9e66: 1.17x
+				// and 1.35x with --split, 1.12x and 1.29x with --hoist; 1.17x,
+				// 1.39x, 1.27x and 1.39x before), with a little room.
+				near := map[string]float64{"--split": 1.4, "--hoist": 1.32}[flag]
+				assert.LessOrEqual(t, plan.IterationMSSim, near*bound, "%s: the plan that fits its layout stays near the bound", flag)
 				sims = append(sims, plan.IterationMSSim)
 
 				verifiedReplay(t, args)
