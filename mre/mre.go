@@ -253,25 +253,21 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 	if len(in.OpTimes) != len(curve) {
 		return nil, fmt.Errorf("mre: %d op times for %d ops", len(in.OpTimes), len(curve))
 	}
+	var pol *Policy
+	var err error
 	if in.Recomputable != nil {
 		if len(in.Recomputable) != len(curve) {
 			return nil, fmt.Errorf("mre: recomputable flags for %d ops, want %d", len(in.Recomputable), len(curve))
 		}
-		return retimed(in, cfg)(planHybrid(in, curve, cfg))
+		pol, err = planHybrid(in, curve, cfg)
+	} else {
+		pol, err = planSwaps(in, curve, &planner{cfg: cfg})
 	}
-	return retimed(in, cfg)(planSwaps(in, curve, &planner{cfg: cfg}))
-}
-
-// retimed returns a function that passes a planned policy through
-// retime (unless cfg says not to), errors unchanged.
-func retimed(in Input, cfg config) func(*Policy, error) (*Policy, error) {
-	return func(pol *Policy, err error) (*Policy, error) {
-		if err != nil || pol == nil || cfg.noRetime {
-			return pol, err
-		}
-		p := &planner{cfg: cfg, simCurve: pol.Curve, recomputes: pol.Recomputes}
-		return p.retime(in, pol), nil
+	if err != nil || pol == nil || cfg.noRetime {
+		return pol, err
 	}
+	p := &planner{cfg: cfg, simCurve: pol.Curve, recomputes: pol.Recomputes}
+	return p.retime(in, pol), nil
 }
 
 // planSwaps is the swap planner of Plan, over the need that p's recomputes

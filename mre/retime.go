@@ -53,27 +53,15 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 		moved := false
 		// room issues later the copies back that hold memory over [f, k)
 		// and would still end well before their use (twice their copy
-		// time), until b bytes more fit there or none is left; s is the
-		// swap that needs the room.
-		room := func(s, f, k int, b int64) {
-			if k >= n {
-				return
-			}
+		// time), until b bytes more fit there; s is the swap that needs
+		// the room. It reports whether they fit, and undoes its moves
+		// when they do not.
+		room := func(s, f, k int, b int64) bool {
 			type undo struct{ x, in int }
 			var done []undo
-			defer func() {
-				if fits(f, k, b) {
-					moved = moved || len(done) > 0
-					return
-				}
-				for _, u := range slices.Backward(done) {
-					take(u.in, k, swaps[u.x].Bytes)
-					swaps[u.x].In = u.in
-				}
-			}()
 			for x := range swaps {
 				if fits(f, k, b) {
-					return
+					return true
 				}
 				v := &swaps[x]
 				if x == s || v.In > f || v.Use < k || sim.Ops[v.Use].Stall > 0 {
@@ -82,14 +70,21 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 				if v.Wraps() && v.In == 0 && v.Free >= n {
 					continue
 				}
-				d := sim.In[x].End - sim.In[x].Start
-				if sim.Ops[v.Use].Start-sim.Ops[k].Start < 2*d {
+				if d := sim.In[x].End - sim.In[x].Start; sim.Ops[v.Use].Start-sim.Ops[k].Start < 2*d {
 					continue
 				}
 				done = append(done, undo{x, v.In})
 				take(v.In, k, -v.Bytes)
 				v.In = k
 			}
+			if fits(f, k, b) {
+				return true
+			}
+			for _, u := range slices.Backward(done) {
+				take(u.in, k, swaps[u.x].Bytes)
+				swaps[u.x].In = u.in
+			}
+			return false
 		}
 		for s := range swaps {
 			w := &swaps[s]
@@ -107,10 +102,7 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 				for k < end && sim.Ops[k].Start < target {
 					k++
 				}
-				if k > f && !fits(f, k, w.Bytes) {
-					room(s, f, k, w.Bytes)
-				}
-				if k > f && fits(f, k, w.Bytes) {
+				if k > f && (fits(f, k, w.Bytes) || room(s, f, k, w.Bytes)) {
 					take(f, k, w.Bytes)
 					w.Free, moved = k, true
 				}
