@@ -240,6 +240,58 @@ func (e *Engine) swapOutFrom(t *Tensor, from int) error {
 	return nil
 }
 
+// writeBack copies t to pinned host memory on the d2h stream after the
+// compute stream's work so far, and keeps it on the device: its host copy
+// is then current (kept), until an op writes t, and the swap-out planned
+// for later only releases the device memory, once the copy is done (the
+// copy's event is t's ready event, which evictKept waits for). It does
+// nothing (false) for a tensor that is not resident or whose host copy is
+// current already, and where no pinned buffer is free: the swap-out then
+// copies as usual.
+func (e *Engine) writeBack(t *Tensor) (bool, error) {
+	if t.state != resident || t.kept {
+		return false, nil
+	}
+	buf, err := e.hostBuf(t)
+	if errors.Is(err, device.ErrOutOfMemory) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("chameleon: write-back of tensor %d (%d bytes): %w", t.id, t.size, err)
+	}
+	after := e.ring[e.compute].next()
+	if err := e.dev.Record(after, e.compute); err != nil {
+		return false, faulted("write-back", t, err, func() error { return e.pool.Put(buf) })
+	}
+	if err := e.dev.StreamWait(e.d2h, after); err != nil {
+		return false, faulted("write-back", t, err, func() error { return e.pool.Put(buf) })
+	}
+	k := e.tm.copyBegin(e.d2h)
+	if err := e.dev.CopyD2H(buf, t.ptr, e.d2h); err != nil {
+		return false, faulted("write-back", t, err, func() error { return e.pool.Put(buf) })
+	}
+	e.tm.copyEnd(k, e.d2h, t.size)
+	done := e.ring[e.d2h].next()
+	if err := e.dev.Record(done, e.d2h); err != nil {
+		return false, faulted("write-back", t, err, func() error { return e.dev.SyncStream(e.d2h) }, func() error { return e.pool.Put(buf) })
+	}
+	t.host, t.kept, t.wb, t.ready = buf, true, true, done
+	e.stats.WriteBacks++
+	e.stats.SwappedOutBytes += t.size
+	return true, nil
+}
+
+// settleWriteBack makes the compute stream wait for t's write-back, if it
+// has one whose copy may still read t's device memory, so that memory
+// freed behind the compute stream is not overwritten under the copy.
+func (e *Engine) settleWriteBack(t *Tensor) error {
+	if !t.wb {
+		return nil
+	}
+	t.wb = false
+	return e.dev.StreamWait(e.compute, t.ready)
+}
+
 // evictKept swaps out a tensor whose host copy is current (kept): its
 // device memory goes (after the compute stream's work so far, or after its
 // copy back if that is still running) and nothing is copied. The copy out's
@@ -251,6 +303,9 @@ func (e *Engine) evictKept(t *Tensor) error {
 	}
 	done := e.ring[e.d2h].next()
 	if err := e.dev.Record(done, e.d2h); err != nil {
+		return faulted("release of the kept copy", t, err)
+	}
+	if err := e.settleWriteBack(t); err != nil {
 		return faulted("release of the kept copy", t, err)
 	}
 	if err := e.freeDevice(t); err != nil {

@@ -284,12 +284,31 @@ func (it *Iteration) After(op *Op) error {
 	if p != nil {
 		p.capture(it.op, op)
 		for _, k := range p.outAt[it.op] {
-			if t := p.live[k]; t != nil && !t.released && t.state != swapped {
-				if err := e.swapOutFrom(t, p.reuseFrom(k)); err != nil {
+			t := p.live[k]
+			if t == nil || t.released || t.state == swapped {
+				continue
+			}
+			if p.swaps[k].Early {
+				// A write-back: the tensor stays, read on, and leaves
+				// at its Out (releaseAt) with nothing left to copy.
+				ok, err := e.writeBack(t)
+				if err != nil {
 					return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
 				}
-				it.swapsOut++
-				it.bytesOut += t.size
+				if ok {
+					it.bytesOut += t.size
+				}
+				continue
+			}
+			if err := it.swapOut(t, p.reuseFrom(k)); err != nil {
+				return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+			}
+		}
+		for _, k := range p.releaseAt[it.op] {
+			if t := p.live[k]; t != nil && !t.released && t.state != swapped {
+				if err := it.swapOut(t, p.reuseFrom(k)); err != nil {
+					return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)
+				}
 			}
 		}
 		if err := it.drop(p, it.op); err != nil {
@@ -298,6 +317,21 @@ func (it *Iteration) After(op *Op) error {
 	}
 	e.tm.after(it.op)
 	it.op++
+	return nil
+}
+
+// swapOut is a planned swap-out of t, counted: a copy, or, where t's host
+// copy is current (kept: a write-back, or unwritten since it came back),
+// its device memory released with no bytes copied.
+func (it *Iteration) swapOut(t *Tensor, from int) error {
+	kept := t.kept
+	if err := it.eng.swapOutFrom(t, from); err != nil {
+		return err
+	}
+	it.swapsOut++
+	if !kept {
+		it.bytesOut += t.size
+	}
 	return nil
 }
 
@@ -331,10 +365,10 @@ type Result struct {
 	CacheHit bool  // a cached policy was adopted for the next iterations
 	Adopted  bool  // rank 0's policy was adopted instead of planning (WithRank)
 	Matched  int   // planned tensors matched to live ones
-	SwapsOut int64 // copies to the host this iteration
+	SwapsOut int64 // planned swap-outs this iteration (a copy, or a release of a current host copy)
 	SwapsIn  int64
 	OnDemand int64 // copies back issued at the use
-	BytesOut int64
+	BytesOut int64 // bytes copied to the host by planned swap-outs and write-backs
 	// Drops and Recomputes count the tensors dropped and made again.
 	Drops, Recomputes int64
 	// Evictions counts swap-outs forced by a failed allocation, Deferrals

@@ -329,6 +329,9 @@ func (e *Engine) move(t *Tensor, off int64) (bool, error) {
 	if err := e.dev.CopyD2D(ptr, t.ptr, t.size, e.compute); err != nil {
 		return false, faulted("relocation", t, err, func() error { return e.alloc.Free(ptr) })
 	}
+	if err := e.settleWriteBack(t); err != nil {
+		return false, faulted("relocation", t, err, func() error { return e.alloc.Free(ptr) })
+	}
 	// The old block is the allocator's once FreeOn returns, error or not.
 	old := t.ptr
 	t.ptr = ptr

@@ -51,6 +51,9 @@ type schedule struct {
 	tensors []plannedTensor
 	outAt   map[int][]int32
 	inAt    map[int][]int32
+	// releaseAt: per op, the write-backs (simulate.Swap.Early) whose
+	// tensors leave after it; their copies are issued at outAt.
+	releaseAt map[int][]int32
 	// Per matcher index, the swaps and recomputes of that tensor (over
 	// different gaps).
 	matchSwap, matchRC [][]int32
@@ -181,7 +184,7 @@ func (e *Engine) newPolicy(s policySpec) *policy {
 		p.eng = e
 	}
 	p.schedule = schedule{key: s.key, here: s.here, swaps: swaps, tensors: s.tensors, issue: ip, layout: s.layout, env: s.env, prof: s.prof,
-		simMS: s.simMS, outAt: map[int][]int32{}, inAt: map[int][]int32{}, rtensors: s.rtensors, mtensors: s.mtensors}
+		simMS: s.simMS, outAt: map[int][]int32{}, inAt: map[int][]int32{}, releaseAt: map[int][]int32{}, rtensors: s.rtensors, mtensors: s.mtensors}
 	p.binding = binding{fixed: fixed, live: make([]*Tensor, len(swaps))}
 	tensors, rtensors, mtensors, v := s.tensors, s.rtensors, s.mtensors, e.enc.Vocab
 	// Copy streams run copies in issue order: the plan's issue order (when,
@@ -189,6 +192,9 @@ func (e *Engine) newPolicy(s policySpec) *policy {
 	// run the planned schedule.
 	for _, i := range ip.OutOrder {
 		p.outAt[ip.OutOp[i]] = append(p.outAt[ip.OutOp[i]], int32(i))
+		if swaps[i].Early {
+			p.releaseAt[swaps[i].Out] = append(p.releaseAt[swaps[i].Out], int32(i))
+		}
 	}
 	for _, i := range ip.InOrder {
 		p.inAt[ip.InOp[i]] = append(p.inAt[ip.InOp[i]], int32(i))

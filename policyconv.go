@@ -122,6 +122,9 @@ func encodePolicy(p *policy) policyfile.Policy {
 		if s.NoCopyOut {
 			fs.D2H = new(bool)
 		}
+		if s.Early {
+			fs.CopyAfter = &s.CopyAfter
+		}
 		fp.Swaps = append(fp.Swaps, fs)
 	}
 	fp.OutOrder, fp.InOrder = slices.Clone(ip.OutOrder), slices.Clone(ip.InOrder)
@@ -214,8 +217,7 @@ func (e *Engine) decodePolicy(fp *policyfile.Policy) *policy {
 	ip := &simulate.IssuePlan{OutOp: make([]int, len(fp.Swaps)), InOp: make([]int, len(fp.Swaps)),
 		OutOrder: slices.Clone(fp.OutOrder), InOrder: slices.Clone(fp.InOrder)}
 	for i, s := range fp.Swaps {
-		swaps[i] = simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use,
-			NoCopyOut: s.D2H != nil && !*s.D2H}
+		swaps[i] = s.Sim()
 		tensors[i] = planned(s.Tensor)
 		ip.OutOp[i], ip.InOp[i] = s.IssueOut, s.IssueIn
 	}

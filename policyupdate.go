@@ -186,7 +186,7 @@ func (u *updater) letGo(sim *simulate.Result) (*mre.Policy, updateStats, error) 
 		if i < len(sim.Freed) && sim.Freed[i] >= 0 {
 			free = sim.Freed[i]
 		}
-		spans := freedSpans(s, free, n)
+		spans := s.FreeSpans(free, n)
 		fits := true
 		for _, sp := range spans {
 			for t := sp[0]; t < sp[1] && fits; t++ {
@@ -279,16 +279,4 @@ func (u *updater) overflow(sim *simulate.Result, popts []mre.Option) (*mre.Polic
 		}
 	}
 	return nil, u.st, errNoUpdate
-}
-
-// freedSpans are the ops [from, to) after which a swap's memory counted as
-// free: from the op its copy out freed it to the op that takes it again.
-func freedSpans(s simulate.Swap, free, n int) [][2]int {
-	if s.Wraps() {
-		return [][2]int{{0, s.In}, {min(max(free, s.Out+1), n), n}}
-	}
-	if free < 0 || free <= s.Out {
-		free = s.Out + 1
-	}
-	return [][2]int{{free, s.In}}
 }

@@ -61,6 +61,11 @@ type ExecStats struct {
 	// back): device memory released, nothing copied;
 	// KeptBytes their bytes, which SwappedOutBytes does not count.
 	KeptEvictions, KeptBytes int64
+	// WriteBacks counts the planned copies to the host of tensors that
+	// stay on the device, read on, until they leave (simulate.Swap.Early):
+	// their bytes are in SwappedOutBytes, their release later in SwapsOut
+	// and KeptEvictions.
+	WriteBacks int64
 }
 
 // DeviceStats are the device allocator's and the pinned host pool's.

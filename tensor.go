@@ -117,10 +117,15 @@ type Tensor struct {
 	state   residency
 	ready   device.Event // copy back done (state swappedIn)
 	outDone device.Event // copy out done (state swapped)
-	// kept: resident again, t still holds the host copy it came back from,
-	// which stays current until an op writes t (lists it in Out): a swap
-	// out until then releases the device memory and copies nothing.
+	// kept: resident again, t still holds the host copy it came back from
+	// (or a write-back made), which stays current until an op writes t
+	// (lists it in Out): a swap out until then releases the device memory
+	// and copies nothing.
 	kept bool
+	// wb: the kept copy is a write-back's, which may still be reading the
+	// device memory until ready: whatever frees that memory first makes
+	// the compute stream wait for it (settleWriteBack).
+	wb bool
 	// keepHost: keep the host copy at the coming swap-in (policy.keepIn).
 	keepHost bool
 	produced bool
@@ -294,7 +299,7 @@ func (e *Engine) unkeep(t *Tensor) error {
 	if !t.kept {
 		return nil
 	}
-	t.kept = false
+	t.kept, t.wb = false, false
 	buf := t.host
 	t.host = device.HostBuf{}
 	return e.pool.PutAfter(buf, t.ready, e.h2d)

@@ -238,9 +238,12 @@ func (p *planner) copies(id trace.TensorID) float64 {
 //
 // Last, the copies that still made compute wait are moved where the
 // simulated memory has room (unless WithoutRetime): a swap whose memory an
-// op waited to count free frees it later, one whose use waited for its
-// copy back has it issued earlier; each pass is kept only when it
-// simulates faster within the limit.
+// op waited to count free frees it later (into the next iteration for one
+// whose copy out runs past the end), one whose use waited for its copy
+// back has it issued earlier; each pass is kept only when it simulates
+// faster within the limit. Then the copies out of tensors written earlier
+// in the step are issued as write-backs at those writes, where that
+// simulates faster (simulate.Swap.Early).
 func Plan(in Input, opts ...Option) (*Policy, error) {
 	cfg := newConfig(opts)
 	if err := cfg.validate(); err != nil {
@@ -267,7 +270,7 @@ func Plan(in Input, opts ...Option) (*Policy, error) {
 		return pol, err
 	}
 	p := &planner{cfg: cfg, simCurve: pol.Curve, recomputes: pol.Recomputes}
-	return p.retime(in, pol), nil
+	return p.writeBack(in, p.retime(in, pol)), nil
 }
 
 // planSwaps is the swap planner of Plan, over the need that p's recomputes

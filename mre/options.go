@@ -14,14 +14,15 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	minBytes int64
-	c        float64
-	prefetch int
-	margin   float64
-	link     simulate.Link
-	rounds   int
-	sim      func(simulate.Input) (*simulate.Result, error)
-	noRetime bool
+	minBytes    int64
+	c           float64
+	prefetch    int
+	margin      float64
+	link        simulate.Link
+	rounds      int
+	sim         func(simulate.Input) (*simulate.Result, error)
+	noRetime    bool
+	noWriteBack bool
 }
 
 // Defaults.
@@ -101,6 +102,11 @@ func WithSimulator(run func(simulate.Input) (*simulate.Result, error)) Option {
 // to where the simulated memory has room (see Plan), and the memory keeps
 // the room they would take.
 func WithoutRetime() Option { return optionFunc(func(c *config) { c.noRetime = true }) }
+
+// WithoutWriteBack copies every swapped tensor out after its last use
+// before the gap, as the selection placed the copy: Plan then issues no
+// copy out as a write-back at the tensor's last write (see Plan).
+func WithoutWriteBack() Option { return optionFunc(func(c *config) { c.noWriteBack = true }) }
 
 // Validate reports the first setting among opts that Plan would refuse, so
 // a caller can check its settings before it has anything to plan.

@@ -62,7 +62,7 @@ func MarkReadOnly(m *memory.Model, swaps []simulate.Swap) {
 		t := it.Tensors[id]
 		if t != nil && t.Frozen {
 			for _, x := range xs {
-				swaps[x].NoCopyOut = true
+				swaps[x].NoCopyOut, swaps[x].Early = true, false
 			}
 			continue
 		}
@@ -88,6 +88,9 @@ func MarkReadOnly(m *memory.Model, swaps []simulate.Swap) {
 				written = Writes(it, op, id)
 			}
 			s.NoCopyOut = !written
+			if s.NoCopyOut {
+				s.Early = false
+			}
 		}
 	}
 }

@@ -13,6 +13,9 @@ const retimeRounds = 32
 //     after the copy ends;
 //   - a swap whose use waited for its copy back has it issued earlier, by
 //     the wait;
+//   - a swap that wraps the iteration whose copy out ran past its end,
+//     making the next one's first op wait, is freed in the next iteration
+//     instead, at the first op that starts once the copy is done;
 //   - where freeing later does not fit, copies back that hold memory there
 //     and would still end well before their use are issued later, when
 //     that makes the room.
@@ -90,7 +93,7 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 			w := &swaps[s]
 			inside := w.Out < w.Use
 			// The copy out: the op at Free waited for it.
-			if f := sim.Freed[s]; f >= 0 && f < n && w.Free >= 0 && !w.NoCopyOut && sim.Ops[f].Stall > 0 && sim.Out[s].End >= sim.Ops[f].Start-1e-6 {
+			if f := sim.Freed[s]; f >= 0 && f < n && w.Free >= 0 && !w.NoCopyOut && !w.Early && sim.Ops[f].Stall > 0 && sim.Out[s].End >= sim.Ops[f].Start-1e-6 {
 				end := n // a wrap frees over [Free, n) and [0, In)
 				if inside {
 					end = w.In - 1
@@ -107,13 +110,29 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 					w.Free, moved = k, true
 				}
 			}
+			// The copy out ran past the iteration's end and the next
+			// one's first op waited for it: free it in the next
+			// iteration, at the first op that starts once it is done
+			// (before its copy back), where the memory of the ops
+			// before has room.
+			if w.Wraps() && !w.NoCopyOut && !w.Early && w.Free == n && w.In > 1 && sim.WaitStartUS > 0 && sim.Out[s].End > sim.IterationUS {
+				late, wait := sim.Out[s].End-sim.IterationUS, sim.Ops[0].Stall
+				k := 0
+				for k < w.In-1 && sim.Ops[k].Start-wait < late {
+					k++
+				}
+				if k > 0 && (fits(0, k, w.Bytes) || room(s, 0, k, w.Bytes)) {
+					take(0, k, w.Bytes)
+					w.Free, moved = n+k, true
+				}
+			}
 			// The copy back: its use waited for it.
 			if u := sim.Ops[w.Use]; u.Stall > 0 && sim.In[s].End >= u.Start-1e-6 && w.In > 0 {
 				lo := 0
 				if inside {
 					lo = max(w.Out, w.Free, sim.Freed[s]) + 1
 				} else if w.Free >= n {
-					lo = 1
+					lo = max(1, w.Free-n+1) // freed in the next iteration: after that
 				}
 				target := sim.Ops[w.In].Start - u.Stall
 				k := w.In
@@ -140,11 +159,11 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 	return pol
 }
 
-// Retime is Plan's last step on its own, for a caller that plans
+// Retime is Plan's last steps on its own, for a caller that plans
 // WithoutRetime and checks what the moves cost it elsewhere (blocks that
 // must still fit in pages): it moves the copies of pol that made compute
 // wait where the memory of in's curve (in.ResolveCurve) under in.Limit has
-// room, and returns the moved policy with pol's Curve, or pol itself when
+// room, issues copies out as write-backs where that is faster, and returns the moved policy with pol's Curve, or pol itself when
 // nothing moved or nothing ran faster. in is the input pol was planned
 // from, its curve raised where the caller held memory back; pol is not
 // changed. WithoutRetime among opts returns pol.
@@ -165,7 +184,7 @@ func Retime(in Input, pol *Policy, opts ...Option) *Policy {
 		return pol
 	}
 	start.Sim = sim
-	out := p.retime(in, &start)
+	out := p.writeBack(in, p.retime(in, &start))
 	if out == &start {
 		return pol
 	}

@@ -48,9 +48,9 @@ func TestRetimeMovesWaitingCopiesWhereMemoryHasRoom(t *testing.T) {
 			if !laid {
 				opts = append(opts, plan.WithoutLayout())
 			}
-			before, err := plan.Make(in, append(opts, plan.WithPlanOptions(mre.WithoutRetime()))...)
+			before, err := plan.Make(in, append(opts, plan.WithPlanOptions(mre.WithoutRetime(), mre.WithoutWriteBack()))...)
 			require.NoError(t, err)
-			after, err := plan.Make(in, opts...)
+			after, err := plan.Make(in, append(opts, plan.WithPlanOptions(mre.WithoutWriteBack()))...)
 			require.NoError(t, err)
 			b, a := before.Policy, after.Policy
 			require.Positive(t, b.Sim.StallUS, "the plan the pass starts from waits for copies")

@@ -11,7 +11,8 @@ import (
 
 // HostCurve is the pinned host memory a policy's swaps hold during each op
 // of it, in the host pool's blocks (memory.RoundBytes). A swapped tensor's
-// host buffer is held from the op after which it is copied out through the
+// host buffer is held from the op after which it is copied out (written
+// back, for a swap that is Early) through the
 // op that waits for it back (over the iteration's end for a swap that
 // wraps). A parameter or optimizer state keeps its host copy after it
 // comes back, until an op writes it (lists it in Out), so its buffer is
@@ -64,9 +65,13 @@ func HostCurve(it *trace.Iteration, swaps []simulate.Swap) []int64 {
 				}
 				continue
 			}
-			// From Out to end, going round the iteration's end when end
-			// comes first.
-			for t := s.Out; ; t = (t + 1) % n {
+			// From Out (a write-back: the op after which it is copied) to
+			// end, going round the iteration's end when end comes first.
+			start := s.Out
+			if s.Early && s.CopyAfter >= 0 && s.CopyAfter < n {
+				start = s.CopyAfter
+			}
+			for t := start; ; t = (t + 1) % n {
 				held[t] = true
 				if t == end {
 					break

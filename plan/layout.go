@@ -256,13 +256,18 @@ type remadeAt struct {
 // swaps adds the holes of swaps, swap k off the device from the op its
 // memory counted free at (freed[k] where known, else Free; the op after
 // Out when dynamic) to the op its copy back is issued at; a wrapping
-// swap's holes are [0, In) and [freed, n).
+// swap's holes are [0, In) and [freed, n), or [freed-n, In) when it is
+// freed in the next iteration (its place kept over the ops before).
 func (bh *blockHoles) swaps(swaps []simulate.Swap, freed []int) {
 	n := bh.n
 	for k, s := range swaps {
 		f := int32(s.Free)
 		if k < len(freed) {
 			f = int32(freed[k])
+		}
+		if s.Wraps() && f > n {
+			bh.holes[s.Tensor] = append(bh.holes[s.Tensor], hole{place.Span{From: f - n, To: int32(s.In)}, SwapIn, k})
+			continue
 		}
 		if s.Wraps() {
 			bh.holes[s.Tensor] = append(bh.holes[s.Tensor], hole{place.Span{From: 0, To: int32(s.In)}, SwapIn, k},

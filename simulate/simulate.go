@@ -98,7 +98,23 @@ type Swap struct {
 	// end of op Out, and only the copy back crosses the link. In JSON it
 	// is "d2h": false; a swap with "d2h" absent or true copies out.
 	NoCopyOut bool `json:"-"`
+	// Early says the copy out is a write-back: issued after op CopyAfter,
+	// the tensor's last write before Out, while the tensor stays on the
+	// device and is read on; at Out its device memory is released with
+	// nothing left to copy, counting free from Free once the copy is done
+	// (the planner makes Free Out+1: the executor releases it at Out, the
+	// compute stream waiting there for a copy still running).
+	// CopyAfter < Out is within the iteration; CopyAfter past the gap's
+	// use (a swap that does not wrap) is the previous iteration's last
+	// write, whose copy the step before issued. In JSON it is
+	// "copy_out_after_op", absent when not Early.
+	Early     bool `json:"-"`
+	CopyAfter int  `json:"-"`
 }
+
+// EarlyWraps reports a write-back issued in the previous iteration: the
+// tensor's last write before Out is that iteration's.
+func (s Swap) EarlyWraps() bool { return s.Early && s.CopyAfter > s.Out }
 
 // swapJSON is Swap as JSON: D2H is written only as false.
 type swapJSON struct {
@@ -109,6 +125,7 @@ type swapJSON struct {
 	In     int            `json:"in_issue_op"`
 	Use    int            `json:"in_before_op"`
 	D2H    *bool          `json:"d2h,omitempty"`
+	After  *int           `json:"copy_out_after_op,omitempty"`
 }
 
 // MarshalJSON writes the swap with "d2h": false when it copies nothing
@@ -118,6 +135,10 @@ func (s Swap) MarshalJSON() ([]byte, error) {
 	if s.NoCopyOut {
 		f := false
 		j.D2H = &f
+	}
+	if s.Early {
+		a := s.CopyAfter
+		j.After = &a
 	}
 	return json.Marshal(j)
 }
@@ -130,6 +151,9 @@ func (s *Swap) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("simulate: swap: %w", err)
 	}
 	*s = Swap{Tensor: j.Tensor, Bytes: j.Bytes, Out: j.Out, Free: j.Free, In: j.In, Use: j.Use, NoCopyOut: j.D2H != nil && !*j.D2H}
+	if j.After != nil {
+		s.Early, s.CopyAfter = true, *j.After
+	}
 	return nil
 }
 
@@ -139,20 +163,56 @@ func (s *Swap) UnmarshalJSON(b []byte) error {
 // from one step's optimizer to the next). The run is taken in steady state:
 // the tensor is on the host when the iteration starts, its memory is free
 // over [0, In) and [Free, nops), and Free == nops means its copy out ends
-// after the iteration.
+// after the iteration, op 0 of the next waiting for it. Free past nops
+// frees it in the next iteration, from op Free-nops (before In), which
+// waits for the copy out in its place: the memory is free over
+// [Free-nops, In) alone, and the ops before keep running while the last
+// writes of one step cross out.
 func (s Swap) Wraps() bool { return s.Use <= s.Out }
+
+// FreeSpans is where swap s's memory counts free in an iteration of n
+// ops, from freed, the op its memory counts free from (Result.Freed; Free
+// where not simulated), to the op its copy back is issued at: one span, or
+// for a swap that wraps the iteration, [0, In) and [freed, n), or
+// [freed-n, In) when it is freed in the next iteration. Empty spans are
+// left out.
+func (s Swap) FreeSpans(freed, n int) [][2]int {
+	var out [][2]int
+	add := func(a, b int) {
+		if a < b {
+			out = append(out, [2]int{a, b})
+		}
+	}
+	switch {
+	case s.Wraps() && freed > n:
+		add(freed-n, s.In)
+	case s.Wraps():
+		add(0, s.In)
+		add(min(max(freed, s.Out+1), n), n)
+	default:
+		if freed < 0 || freed <= s.Out {
+			freed = s.Out + 1
+		}
+		add(freed, s.In)
+	}
+	return out
+}
 
 // ErrInvalid is wrapped by errors about malformed input.
 var ErrInvalid = errors.New("invalid simulation input")
 
 // Validate checks the ordering rules Out < Free <= In <= Use < nops (Free
 // may be negative: dynamic free), or for a swap that wraps, 0 <= In <= Use
-// <= Out < Free <= nops.
+// <= Out < Free <= nops, or Free in the next iteration, before its In:
+// nops < Free < nops+In.
 func (s Swap) Validate(nops int) error {
+	if err := s.validateEarly(nops); err != nil {
+		return err
+	}
 	if s.Wraps() {
-		if s.Bytes < 0 || s.In < 0 || s.In > s.Use || s.Use < 0 || s.Out >= nops || s.Free <= s.Out || s.Free > nops {
-			return fmt.Errorf("tensor %d: wrapping swap out %d free %d in %d use %d breaks 0 <= in <= use <= out < free <= %d: %w",
-				s.Tensor, s.Out, s.Free, s.In, s.Use, nops, ErrInvalid)
+		if s.Bytes < 0 || s.In < 0 || s.In > s.Use || s.Use < 0 || s.Out >= nops || s.Free <= s.Out || s.Free >= nops+max(s.In, 1) {
+			return fmt.Errorf("tensor %d: wrapping swap out %d free %d in %d use %d breaks 0 <= in <= use <= out < free <= %d (or %d < free < %d+in, freed in the next iteration): %w",
+				s.Tensor, s.Out, s.Free, s.In, s.Use, nops, nops, nops, ErrInvalid)
 		}
 		return nil
 	}
@@ -165,6 +225,29 @@ func (s Swap) Validate(nops int) error {
 		return fmt.Errorf("tensor %d: in %d not in (%d,%d]: %w", s.Tensor, s.In, s.Out, s.Use, ErrInvalid)
 	case s.Free >= 0 && (s.Free <= s.Out || s.Free > s.In):
 		return fmt.Errorf("tensor %d: free %d not in (%d,%d]: %w", s.Tensor, s.Free, s.Out, s.In, ErrInvalid)
+	}
+	return nil
+}
+
+// validateEarly checks a write-back's op: a swap that copies out, its
+// copy issued before Out within the iteration (after the gap's use when
+// the swap wraps), or, for one that does not wrap, after the gap's use in
+// the previous iteration.
+func (s Swap) validateEarly(nops int) error {
+	if !s.Early {
+		return nil
+	}
+	lo := 0
+	if s.Wraps() {
+		lo = s.Use
+	}
+	ok := !s.NoCopyOut && s.CopyAfter >= lo && s.CopyAfter < nops && s.CopyAfter != s.Out
+	if ok && s.CopyAfter > s.Out {
+		ok = !s.Wraps() && s.CopyAfter >= s.Use
+	}
+	if !ok {
+		return fmt.Errorf("tensor %d: write-back after op %d for out %d use %d (no copy out: %v): want it before out, or after use when the swap does not wrap: %w",
+			s.Tensor, s.CopyAfter, s.Out, s.Use, s.NoCopyOut, ErrInvalid)
 	}
 	return nil
 }
@@ -316,6 +399,9 @@ func Issue(swaps []Swap, r *Result) *IssuePlan {
 		OutOrder: make([]int, len(swaps)), InOrder: make([]int, len(swaps))}
 	for i, s := range swaps {
 		ip.OutOp[i], ip.InOp[i], ip.OutOrder[i], ip.InOrder[i] = s.Out, s.In, i, i
+		if s.Early {
+			ip.OutOp[i] = s.CopyAfter
+		}
 	}
 	if r == nil || len(r.Out) != len(swaps) {
 		return ip
@@ -324,10 +410,18 @@ func Issue(swaps []Swap, r *Result) *IssuePlan {
 	for i, s := range swaps {
 		if st := r.Out[i].Start; !math.IsNaN(st) {
 			t := sort.Search(n, func(x int) bool { return r.Ops[x].End > st+1e-9 }) - 1
-			if s.Wraps() {
+			switch {
+			case s.EarlyWraps():
+				// For the next iteration's release.
+				ip.OutOp[i] = max(s.CopyAfter, min(t, n-1))
+			case s.Early:
+				// A write-back: issued before the release at Out at the
+				// latest.
+				ip.OutOp[i] = max(s.CopyAfter, min(t, s.Out))
+			case s.Wraps():
 				// Done before op Free, which reuses its memory.
 				ip.OutOp[i] = max(s.Out, min(t, s.Free-1, n-1))
-			} else {
+			default:
 				ip.OutOp[i] = max(s.Out, min(t, s.Use-1))
 			}
 		}
@@ -438,24 +532,32 @@ type engine struct {
 // swap breaks the ordering rules or the op times are not finite and
 // non-negative.
 func Run(in Input) (*Result, error) {
-	r, backlog, err := run(in, 0)
-	if err != nil || backlog <= 0 {
+	r, backlog, err := run(in, nil)
+	if err != nil || len(backlog) == 0 {
 		return r, err
 	}
 	// Steady state: the copies out of swaps that wrap, still in flight
 	// when the iteration ends, hold the D2H engine at the start of the
-	// next, whose op 0 waits for them (it reuses their memory).
+	// next, whose op 0 waits for them (it reuses their memory), or the op
+	// each is freed at (Free past the end).
 	r, _, err = run(in, backlog)
 	return r, err
 }
 
-// run simulates one iteration whose D2H engine starts with backlog bytes
-// of the previous one's copies out still to go, and returns what it
+// backCopy is a copy out an iteration leaves running for the next: swap
+// k's, with rem bytes to go.
+type backCopy struct {
+	k   int
+	rem float64
+}
+
+// run simulates one iteration whose D2H engine starts with backlog, the
+// previous one's copies out still to go, in order, and returns what it
 // leaves the next. Its steps: check the input, lay out the per-op lists,
 // play the ops in order (each op: issue its copies back, run its
 // recomputes, wait for its copies, compute, issue its copies out), measure
 // the backlog and drain the engines, then derive the memory curve.
-func run(in Input, backlog float64) (*Result, float64, error) {
+func run(in Input, backlog []backCopy) (*Result, []backCopy, error) {
 	n := len(in.OpTimes)
 	// The per-op lists and the flags are made here, not in the steps that
 	// fill them, the engines are held by pointer and the result is
@@ -466,15 +568,20 @@ func run(in Input, backlog float64) (*Result, float64, error) {
 	s := sim{in: in, d2h: &d2h, h2d: &h2d}
 	s.recAt = make([][]int, n)
 	if err := check(in, s.recAt); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	r := newResult(in)
 	s.r = r
-	s.outAfter = bucket(n, in.Swaps, func(sw Swap) int { return sw.Out })
+	s.outAfter = bucket(n, in.Swaps, func(sw Swap) int {
+		if sw.Early {
+			return sw.CopyAfter
+		}
+		return sw.Out
+	})
 	s.inAt = bucket(n, in.Swaps, func(sw Swap) int { return sw.In })
 	if in.Issue != nil {
 		if err := checkIssue(in); err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 		s.outAfter, s.inAt = make([][]int, n), make([][]int, n)
 		s.issueOrder()
@@ -482,12 +589,29 @@ func run(in Input, backlog float64) (*Result, float64, error) {
 	s.waitFree = bucket(n, in.Swaps, func(sw Swap) int { return sw.Free })
 	s.waitUse = bucket(n, in.Swaps, func(sw Swap) int { return sw.Use })
 	s.outDone, s.inDone = make([]bool, len(in.Swaps)), make([]bool, len(in.Swaps))
-	if backlog > 0 {
-		s.d2h.busy, s.d2h.cur, s.d2h.rem = true, -1, backlog
+	s.back, s.backDone = backlog, make([]bool, len(in.Swaps))
+	s.waitBack = make([][]int, n)
+	for k, sw := range in.Swaps {
+		// Written back in the previous iteration.
+		s.outDone[k] = sw.EarlyWraps()
+	}
+	for _, b := range backlog {
+		sw := &in.Swaps[b.k]
+		switch {
+		case sw.Wraps() && n > 0:
+			t := min(max(sw.Free-n, 0), n-1)
+			s.waitBack[t] = append(s.waitBack[t], b.k)
+		case sw.EarlyWraps():
+			t := sw.Free
+			if t < 0 {
+				t = sw.Out + 1
+			}
+			s.waitBack[min(t, n-1)] = append(s.waitBack[min(t, n-1)], b.k)
+		}
 	}
 	for t := range n {
 		if err := s.op(t); err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 	}
 	left := s.finish()
@@ -563,7 +687,8 @@ type opLists struct {
 // Invariants: now only grows; a swap's outDone (inDone) flag is set once,
 // when its copy out (back) completes or, for a swap that copies nothing
 // out, when its copy out is issued; an engine is busy with one copy at a
-// time (cur < 0 on the D2H engine: the previous iteration's backlog).
+// time (cur < 0 on the D2H engine: the previous iteration's copy
+// back[backHead], whose swap's backDone flag is set when it completes).
 type sim struct {
 	opLists
 	in              Input
@@ -571,6 +696,13 @@ type sim struct {
 	d2h, h2d        *engine
 	now             float64
 	outDone, inDone []bool
+	// back is the previous iteration's copies out still to go, run first
+	// on the D2H engine; waitBack, per op, the swaps whose copy of them
+	// the op waits for.
+	back     []backCopy
+	backHead int
+	backDone []bool
+	waitBack [][]int
 }
 
 // checkIssue checks that in.Issue has an entry per swap in each of its
@@ -618,6 +750,10 @@ func (s *sim) deadline(k int, out bool) int {
 	sw := &s.in.Swaps[k]
 	if !out {
 		return sw.Use
+	}
+	if sw.EarlyWraps() {
+		// For the next iteration's release.
+		return len(s.in.OpTimes) + max(sw.Free, sw.Out+1)
 	}
 	if sw.Free >= 0 {
 		return sw.Free
@@ -673,6 +809,9 @@ func (s *sim) pick(e *engine, out bool) int {
 // startCopies starts a copy on each idle engine that has one to run,
 // recording its start.
 func (s *sim) startCopies() {
+	if !s.d2h.busy && s.backHead < len(s.back) {
+		s.d2h.busy, s.d2h.cur, s.d2h.rem = true, -1, s.back[s.backHead].rem
+	}
 	if !s.d2h.busy {
 		if k := s.pick(s.d2h, true); k >= 0 {
 			s.d2h.busy, s.d2h.cur, s.d2h.rem, s.d2h.since = true, k, float64(s.in.Swaps[k].Bytes), s.now
@@ -731,7 +870,10 @@ func (s *sim) step(t float64) bool {
 func (s *sim) complete(cd, ch, next float64) bool {
 	done := false
 	if s.d2h.busy && cd <= next && s.d2h.cur < 0 {
-		s.d2h.busy, done = false, true // the previous iteration's backlog
+		// A copy of the previous iteration's.
+		s.d2h.busy, done = false, true
+		s.backDone[s.back[s.backHead].k] = true
+		s.backHead++
 	} else if s.d2h.busy && cd <= next {
 		k := s.d2h.cur
 		s.d2h.busy = false
@@ -810,19 +952,19 @@ func (s *sim) recompute(t int) {
 	}
 }
 
-// waitFor waits for the copies op t depends on: at op 0, the copies out
-// the previous iteration left running (op 0 takes the memory of the swaps
-// that wrap); then the copies out of the swaps whose memory it reuses and
-// the copies back of those it uses.
+// waitFor waits for the copies op t depends on: the copies out the
+// previous iteration left running of the swaps whose memory it takes (op 0
+// those that wrap, or the op each is freed at); then the copies out of the
+// swaps whose memory it reuses and the copies back of those it uses.
 func (s *sim) waitFor(t int) error {
 	from := s.now
-	if t == 0 {
-		for s.d2h.busy && s.d2h.cur < 0 {
-			s.step(math.Inf(1))
+	for _, k := range s.waitBack[t] {
+		if err := s.wait(k, s.backDone); err != nil {
+			return err
 		}
-		s.r.WaitStartUS += s.now - from
-		from = s.now
 	}
+	s.r.WaitStartUS += s.now - from
+	from = s.now
 	for _, k := range s.waitFree[t] {
 		if err := s.wait(k, s.outDone); err != nil {
 			return err
@@ -867,17 +1009,27 @@ func (s *sim) issueOuts(t int) {
 }
 
 // finish ends the iteration at the clock and returns its backlog: the
-// bytes of copies out not yet done. It then drains the copies still in
-// flight (their time is not on the iteration's critical path, but their
-// figures belong to the result).
-func (s *sim) finish() float64 {
+// copies out not yet done, in the order the engine runs them. It then
+// drains the copies still in flight (their time is not on the iteration's
+// critical path, but their figures belong to the result).
+func (s *sim) finish() []backCopy {
 	s.r.IterationUS = s.now
-	var left float64 // this iteration's backlog
-	for x := s.d2h.head; x < len(s.d2h.queue); x++ {
-		left += float64(s.in.Swaps[s.d2h.queue[x]].Bytes)
-	}
+	var left []backCopy // this iteration's backlog
 	if s.d2h.busy {
-		left += s.d2h.rem
+		k := s.d2h.cur
+		if k < 0 {
+			k = s.back[s.backHead].k
+		}
+		left = append(left, backCopy{k, s.d2h.rem})
+	}
+	if s.d2h.busy && s.d2h.cur < 0 {
+		for _, b := range s.back[s.backHead+1:] {
+			left = append(left, b)
+		}
+	}
+	for x := s.d2h.head; x < len(s.d2h.queue); x++ {
+		k := s.d2h.queue[x]
+		left = append(left, backCopy{k, float64(s.in.Swaps[k].Bytes)})
 	}
 	for s.step(math.Inf(1)) || s.d2h.busy || s.h2d.busy {
 	}
@@ -914,12 +1066,12 @@ func (s *sim) freeDeltas(delta []int64) {
 	in, r, n := &s.in, s.r, len(s.in.OpTimes)
 	for k, sw := range in.Swaps {
 		if sw.Wraps() {
-			// Free over [0, In) and [Free, n).
+			// Free over [0, In) and [Free, n), or [Free-n, In).
 			r.Freed[k] = sw.Free
-			delta[0] -= sw.Bytes
-			delta[sw.In] += sw.Bytes
-			delta[sw.Free] -= sw.Bytes
-			delta[n] += sw.Bytes
+			for _, sp := range sw.FreeSpans(sw.Free, n) {
+				delta[sp[0]] -= sw.Bytes
+				delta[sp[1]] += sw.Bytes
+			}
 			continue
 		}
 		f := sw.Free

@@ -166,7 +166,8 @@ func TestWrappingSwap(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []int64{60e6, 60e6, 60e6, 5e6, 5e6}, []int64{r.Ops[0].Mem, r.Ops[1].Mem, r.Ops[2].Mem, r.Ops[3].Mem, r.Ops[4].Mem})
 	for _, bad := range []Swap{
-		{Bytes: 1, Out: 4, Free: 6, In: 1, Use: 4}, // free past the end
+		{Bytes: 1, Out: 4, Free: 6, In: 1, Use: 4}, // freed in the next iteration, not before its copy back
+		{Bytes: 1, Out: 4, Free: 9, In: 3, Use: 4}, // freed in the next iteration after its copy back
 		{Bytes: 1, Out: 4, Free: 5, In: 3, Use: 2}, // in after use
 		{Bytes: 1, Out: 4, Free: 4, In: 1, Use: 2}, // free not after out
 	} {
@@ -195,8 +196,13 @@ func FuzzRun(f *testing.F) {
 		var swaps []Swap
 		for len(data) >= 4 && len(swaps) < 8 {
 			s := Swap{Tensor: 1, Bytes: int64(data[0]) << 20,
-				Out: int(data[1]) % n, Free: int(data[2]) % (n + 1), In: int(data[3]) % n}
+				Out: int(data[1]) % n, Free: int(data[2]) % (2 * n), In: int(data[3]) % n}
 			s.Use = s.In + int(data[0])%3
+			if data[0]&4 != 0 {
+				// A write-back, after an op before Out or, from the
+				// previous iteration, after Use.
+				s.Early, s.CopyAfter = true, int(data[2]+data[3])%n
+			}
 			data = data[4:]
 			if s.Validate(n) == nil {
 				swaps = append(swaps, s)
@@ -214,9 +220,10 @@ func FuzzRun(f *testing.F) {
 		for x := range n {
 			want := curve[x]
 			for k, s := range swaps {
-				f := r.Freed[k]
-				if s.Wraps() && (x < s.In || x >= f) || !s.Wraps() && x >= f && x < s.In {
-					want -= s.Bytes
+				for _, sp := range s.FreeSpans(r.Freed[k], n) {
+					if x >= sp[0] && x < sp[1] {
+						want -= s.Bytes
+					}
 				}
 			}
 			if r.Ops[x].Mem != want {
@@ -371,4 +378,106 @@ func FuzzSwapJSON(f *testing.F) {
 		require.NoError(t, json.Unmarshal(out, &back))
 		assert.Equal(t, s, back)
 	})
+}
+
+// TestWrapFreedInNextIteration: a swap that wraps, freed in the next
+// iteration (Free past the end), keeps its memory over that iteration's
+// first ops, whose first op no longer waits for its copy out: the op it
+// is freed at does, and only while the copy runs.
+func TestWrapFreedInNextIteration(t *testing.T) {
+	// 55 MB: 1000 us each way. Out after op 4 (5000 us), its copy running
+	// to 1000 us into the next iteration; back at op 3 for op 4.
+	curve := []int64{60e6, 60e6, 60e6, 60e6, 60e6}
+	times := []float64{1000, 1000, 1000, 1000, 1000}
+	mem := func(r *Result) []int64 {
+		out := make([]int64, len(r.Ops))
+		for x, o := range r.Ops {
+			out[x] = o.Mem
+		}
+		return out
+	}
+	sw := Swap{Tensor: 9, Bytes: 55e6, Out: 4, Free: 5, In: 3, Use: 4}
+	r, err := Run(Input{OpTimes: times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.InDelta(t, 1000, r.WaitStartUS, 1e-6, "freed at op 0, which waits for the copy")
+	assert.Equal(t, []int64{5e6, 5e6, 5e6, 60e6, 60e6}, mem(r))
+
+	// Freed at op 2 of the next iteration (Free = 5+2): ops 0 and 1 keep
+	// its memory, and the copy is done by op 2.
+	sw.Free = 7
+	require.NoError(t, sw.Validate(5))
+	assert.Equal(t, [][2]int{{2, 3}}, sw.FreeSpans(sw.Free, 5))
+	r, err = Run(Input{OpTimes: times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.Zero(t, r.StallUS)
+	assert.Equal(t, 7, r.Freed[0])
+	assert.Equal(t, []int64{60e6, 60e6, 5e6, 60e6, 60e6}, mem(r))
+	assert.InDelta(t, 5000, r.IterationUS, 1e-6)
+
+	// Freed at op 1, which starts at 100 us: it waits for the copy, to
+	// 1000 us, counted as a wait for the last step's copies out.
+	sw.Free = 6
+	times[0] = 100
+	r, err = Run(Input{OpTimes: times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.InDelta(t, 900, r.WaitStartUS, 1e-6)
+	assert.InDelta(t, 900, r.StallUS, 1e-6)
+	assert.InDelta(t, 900, r.Ops[1].Stall, 1e-6)
+	assert.Zero(t, r.Ops[0].Stall)
+}
+
+// TestWriteBack: a swap whose copy out is a write-back (Early) copies
+// after the tensor's last write, while it is still read; at Out nothing
+// is left to copy, and the op that reuses its memory does not wait.
+func TestWriteBack(t *testing.T) {
+	curve := []int64{60e6, 60e6, 60e6, 60e6, 60e6, 60e6}
+	times := []float64{1000, 1000, 1000, 1000, 1000, 1000}
+	// Written by op 0, read by ops 1 and 2, out after op 2, its memory
+	// free from op 3, back at op 4 for op 5.
+	sw := Swap{Tensor: 3, Bytes: 55e6, Out: 2, Free: 3, In: 4, Use: 5}
+	r, err := Run(Input{OpTimes: times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.InDelta(t, 1000, r.WaitOutUS, 1e-6, "op 3 waits for the copy out")
+
+	sw.Early, sw.CopyAfter = true, 0
+	require.NoError(t, sw.Validate(6))
+	r, err = Run(Input{OpTimes: times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.Zero(t, r.StallUS)
+	assert.InDelta(t, 1000, r.Out[0].Start, 1e-6, "copied after op 0")
+	assert.Equal(t, int64(55e6), r.BytesD2H)
+	assert.Equal(t, int64(5e6), r.Ops[3].Mem)
+	ip := Issue([]Swap{sw}, r)
+	assert.Equal(t, 0, ip.OutOp[0])
+
+	// Written in the previous iteration, after op 5: its copy ran then,
+	// 1000 us into this one, before op 3 frees its memory.
+	sw.CopyAfter = 5
+	require.NoError(t, sw.Validate(6))
+	require.True(t, sw.EarlyWraps())
+	r, err = Run(Input{OpTimes: times, Curve: curve, Swaps: []Swap{sw}, Link: H200()})
+	require.NoError(t, err)
+	assert.Zero(t, r.StallUS)
+	assert.Equal(t, int64(55e6), r.BytesD2H)
+	ip = Issue([]Swap{sw}, r)
+	assert.Equal(t, 5, ip.OutOp[0])
+
+	for _, bad := range []Swap{
+		{Bytes: 1, Out: 2, Free: 3, In: 4, Use: 5, Early: true, CopyAfter: 2},                  // at Out
+		{Bytes: 1, Out: 2, Free: 3, In: 4, Use: 5, Early: true, CopyAfter: 3},                  // inside the gap
+		{Bytes: 1, Out: 2, Free: 3, In: 4, Use: 5, Early: true, CopyAfter: 0, NoCopyOut: true}, // nothing to copy
+		{Bytes: 1, Out: 4, Free: 5, In: 1, Use: 2, Early: true, CopyAfter: 1},                  // wraps: before its use
+		{Bytes: 1, Out: 2, Free: 3, In: 4, Use: 5, Early: true, CopyAfter: 6},                  // past the end
+	} {
+		assert.ErrorIs(t, bad.Validate(6), ErrInvalid, "%+v", bad)
+	}
+	b, err := json.Marshal(sw)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"copy_out_after_op":5`)
+	var back Swap
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Equal(t, sw, back)
+	b, err = json.Marshal(Swap{Out: 1, Free: 2, In: 3, Use: 4})
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), "copy_out_after_op")
 }

@@ -195,6 +195,12 @@ type planReport struct {
 	// BytesReleased is the bytes of swaps that copy nothing out (their
 	// host copy is current: "d2h": false), released on the device.
 	BytesReleased int64 `json:"bytes_released"`
+	// WriteBacks and BytesWrittenBack count the swaps whose copy out is a
+	// write-back (simulate.Swap.Early: "copy_out_after_op"), issued at the
+	// tensor's last write while it stays on the device, and their bytes
+	// (in bytes_d2h).
+	WriteBacks       int   `json:"write_backs"`
+	BytesWrittenBack int64 `json:"bytes_written_back"`
 	// StreamingBoundMS bounds the step run over and over in steady state
 	// (swaps may cross the iteration boundary): mre.StreamingBound at the
 	// limit, and at the planned tier.
@@ -560,8 +566,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.Waits = &waits{StepStart: pol.Sim.WaitStartUS / 1000, CopiesOut: pol.Sim.WaitOutUS / 1000, CopiesBack: pol.Sim.WaitInUS / 1000}
 	// Report op numbers as the trace's seq numbers.
 	seqOf := func(x int) int {
-		if x == len(it.Ops) { // a wrapping swap's copy out ends after the iteration
-			return it.Ops[x-1].Seq + 1
+		if n := len(it.Ops); x >= n { // a wrapping swap's copy out ends after the iteration
+			return it.Ops[n-1].Seq + 1 + x - n
 		}
 		return it.Ops[x].Seq
 	}
@@ -569,6 +575,11 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	for x, s := range pol.Swaps {
 		if s.NoCopyOut {
 			rep.BytesReleased += s.Bytes
+		}
+		if s.Early {
+			rep.WriteBacks++
+			rep.BytesWrittenBack += s.Bytes
+			s.CopyAfter = seqOf(s.CopyAfter)
 		}
 		s.Out, s.Free, s.In, s.Use = seqOf(s.Out), seqOf(s.Free), seqOf(s.In), seqOf(s.Use)
 		rep.Swaps[x] = s
@@ -616,6 +627,9 @@ func printPlan(w io.Writer, r *planReport) {
 	}
 	fmt.Fprintf(w, "peak after %s, %d swaps, %s copied out, %s released without a copy, %s in\n", fmtBytes(r.PeakBytesAfter), len(r.Swaps),
 		fmtBytes(r.BytesOut), fmtBytes(r.BytesReleased), fmtBytes(r.BytesIn))
+	if r.WriteBacks > 0 {
+		fmt.Fprintf(w, "write-backs: %d copies out (%s) issued at the tensor's last write, before it leaves\n", r.WriteBacks, fmtBytes(r.BytesWrittenBack))
+	}
 	fmt.Fprintf(w, "iteration %.2f ms -> %.2f ms simulated: overhead %.2f%% (bound %.2f%% at the limit, %.2f%% at the planned tier)\n",
 		r.IterationMSBase, r.IterationMSSim, r.OverheadPct, r.OverheadPctBound, r.OverheadPctBoundPlanned)
 	fmt.Fprintf(w, "streaming bound %.2f ms at the limit, %.2f ms at the planned tier (steady state, swaps across the step boundary allowed)\n",
@@ -632,7 +646,7 @@ func printPlan(w io.Writer, r *planReport) {
 	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
 	if wt := r.Waits; wt != nil {
-		fmt.Fprintf(w, "waits for copies: %.2f ms: %.2f ms for copies out to end before their memory counts free, %.2f ms for copies back, %.2f ms at the step's first op for the last step's copies out\n",
+		fmt.Fprintf(w, "waits for copies: %.2f ms: %.2f ms for copies out to end before their memory counts free, %.2f ms for copies back, %.2f ms for the last step's copies out where the step takes their memory\n",
 			wt.StepStart+wt.CopiesOut+wt.CopiesBack, wt.CopiesOut, wt.CopiesBack, wt.StepStart)
 	}
 	fmt.Fprintf(w, "pinned host memory: the swaps hold %s at most", fmtBytes(r.HostPeakBytes))

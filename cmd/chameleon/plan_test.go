@@ -68,20 +68,30 @@ func checkRecorded(t *testing.T, it *trace.Iteration, rep *planReport) {
 	}
 	n := len(it.Ops)
 	bySeq[it.Ops[n-1].Seq+1] = n // the end, where a wrapping swap's copy out may finish
+	last := it.Ops[n-1].Seq
 	for _, s := range rep.Swaps {
 		i, f, k, j := bySeq[s.Out], bySeq[s.Free], bySeq[s.In], bySeq[s.Use]
+		if s.Free > last+1 {
+			f = n + s.Free - (last + 1) // freed in the next iteration
+		}
+		if s.Early {
+			// A write-back: after the tensor's last write before Out.
+			a, ok := bySeq[s.CopyAfter]
+			require.True(t, ok, "%+v", s)
+			require.True(t, mre.Writes(it, a, s.Tensor), "%+v: copied out after an op that does not write it", s)
+		}
 		if s.Wraps() {
 			// Out after the last use, back before the first use of the next
-			// iteration: absent over [0, k) and [f, n), untouched outside
-			// [j, i].
-			require.True(t, k <= j && j <= i && i < f && f <= n, "%+v", s)
+			// iteration: absent over [0, k) and [f, n) (or [f-n, k) when
+			// freed in the next iteration), untouched outside [j, i].
+			require.True(t, k <= j && j <= i && i < f && (f <= n || f-n < k), "%+v", s)
 			require.True(t, touches(&it.Ops[i], s.Tensor) && touches(&it.Ops[j], s.Tensor), "%+v", s)
 			require.True(t, it.Tensors[s.Tensor].Kind.Persistent(), "%+v", s)
 			for o := 0; o < n; o++ {
 				if o < j || o > i {
 					require.False(t, touches(&it.Ops[o], s.Tensor), "op %d uses %+v", o, s)
 				}
-				if o < k || o >= f {
+				if f > n && o >= f-n && o < k || f <= n && (o < k || o >= f) {
 					mem[o] -= s.Bytes
 				}
 			}
@@ -772,7 +782,23 @@ that memory would let run: with the optimizer step in the backward (` + "`--hois
 piece writes queues on the link out while the backward's memory has room. The planning path moves
 them once the layout is known, under the limit the plan was made for and under the whole limit,
 and keeps a moved plan only when its blocks still fit and it runs faster: moved, blocks live
-longer and fit pages worse (` + "`--layout=false`" + ` moves them in the plan itself).
+longer and fit pages worse (` + "`--layout=false`" + ` moves them in the plan itself). A swap across the
+step's end whose copy out runs past it, which the next step's first op would wait for, is freed in
+the next step instead, at the first op that starts once the copy is done, where the memory of the
+ops before has room: its place is kept over those ops, and the step's first ops run while the last
+writes of the step before cross out (` + "`freed_at_op`" + ` past the last op).
+
+Then the copies out of tensors an op wrote earlier are issued as write-backs at that write
+(` + "`mre.WriteBackAt`" + `; ` + "`copy_out_after_op`" + ` in ` + "`plan --json`" + `; ` + "`mre.WithoutWriteBack`" + ` turns
+it off): the copy runs while the tensor stays on the device and is read on, and where it leaves,
+nothing is left to copy, so its memory is free from the next op. A weight the optimizer writes in
+the backward (` + "`--hoist`" + `) is copied out there, in the step before, rather than after its read in
+the next forward, where the activations crowd the link out and its memory could count free only
+once its copy ended. Four sets are tried, each with its copies then moved as above: every swap that
+can, those whose memory waited for their copy out, those written in the step before, those written
+in the step; the fastest is kept when it is faster. The executor issues the write-back after the
+write (a pinned host copy it keeps current until an op writes the tensor) and releases the device
+memory at the swap's out op, the compute stream waiting there for a copy still running.
 
 bound with recompute: ` + "`mre.RecomputeBound`" + ` (` + "`overhead_pct_bound_recompute`" + ` in ` + "`plan --json`" + `), the least
 overhead of any plan of swaps and recomputes in this model: a plan that starts op t D late has

@@ -181,28 +181,23 @@ func peakBreakdownsOf(m *memory.Model, curve []int64, pol *mre.Policy) peakBreak
 	if pa < 0 || pa >= len(sim.Ops) || pa >= len(m.Iter.Ops) {
 		return r
 	}
-	// Off the device at op t: a swap from the op its memory counts as
-	// free to the op its copy back is issued at (wrapping over the step's
-	// end when that comes first), a recompute from after its drop to
+	// Off the device at op t: a swap where its memory counts free
+	// (simulate.Swap.FreeSpans), a recompute from after its drop to
 	// before the op that needs it.
-	away := func(free, in, t int) bool {
-		if free <= in {
-			return free <= t && t < in
-		}
-		return t >= free || t < in
-	}
 	gone := map[trace.TensorID]bool{}
 	for x, s := range pol.Swaps {
 		free := s.Free
 		if x < len(sim.Freed) {
 			free = sim.Freed[x]
 		}
-		if free >= 0 && away(free, s.In, pa) {
-			gone[s.Tensor] = true
+		for _, sp := range s.FreeSpans(free, len(sim.Ops)) {
+			if sp[0] <= pa && pa < sp[1] {
+				gone[s.Tensor] = true
+			}
 		}
 	}
 	for _, rc := range pol.Recomputes {
-		if away(rc.Drop+1, rc.Before, pa) {
+		if rc.Drop+1 <= pa && pa < rc.Before {
 			gone[rc.Tensor] = true
 		}
 	}

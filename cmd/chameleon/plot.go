@@ -110,7 +110,11 @@ func plotPlan(path string, r *planReport) error {
 	}
 	spans := make([]span, 0, len(pol.Swaps)+len(pol.Recomputes))
 	for x, s := range pol.Swaps {
-		spans = append(spans, span{free: pol.Sim.Freed[x], in: s.In})
+		free := pol.Sim.Freed[x]
+		if free > n {
+			free -= n // freed in the next step, before its copy back
+		}
+		spans = append(spans, span{free: free, in: s.In})
 	}
 	for _, rc := range pol.Recomputes {
 		spans = append(spans, span{free: rc.Drop + 1, in: rc.Before, recompute: true})

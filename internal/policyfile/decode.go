@@ -12,7 +12,6 @@ import (
 
 	"github.com/chameleon-go/chameleon/internal/controller"
 	"github.com/chameleon-go/chameleon/memory"
-	"github.com/chameleon-go/chameleon/simulate"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
@@ -316,19 +315,32 @@ func (p *Policy) validate(path string, dc Config) error {
 		if err := tensor(sp, s.Tensor, s.Bytes, false); err != nil {
 			return err
 		}
-		sw := simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use}
+		sw := s.Sim()
 		if err := sw.Validate(nops); err != nil {
 			return bad(sp, "%v", err)
 		}
+		// Where the copy out may be issued (simulate.Issue): after Out
+		// and before the op that waits for it; a write-back's from its
+		// write on, by Out at the latest (within the iteration: it is
+		// released at Out), or to the iteration's end (the previous
+		// iteration's write: for the next one's release).
+		lo, hi := s.Out, s.Use-1
+		switch {
+		case sw.EarlyWraps():
+			lo, hi = sw.CopyAfter, nops-1
+		case sw.Early:
+			lo, hi = sw.CopyAfter, s.Out
+		case sw.Wraps():
+			hi = nops - 1
+		}
+		if s.IssueOut < lo || s.IssueOut > hi {
+			return bad(sp+".issue_out_after_op", "%d: want %d to %d", s.IssueOut, lo, hi)
+		}
 		if sw.Wraps() {
-			if s.IssueOut != s.Out || s.IssueIn != s.In {
-				return bad(sp+".issue_out_after_op", "%d, issue_in_at_op %d: a swap over the iteration's end is issued at its out_after_op %d and in_issue_op %d",
-					s.IssueOut, s.IssueIn, s.Out, s.In)
+			if s.IssueIn < s.In || s.IssueIn > s.Use {
+				return bad(sp+".issue_in_at_op", "%d: want %d to %d", s.IssueIn, s.In, s.Use)
 			}
 			continue
-		}
-		if s.IssueOut < s.Out || s.IssueOut >= s.Use {
-			return bad(sp+".issue_out_after_op", "%d: want %d to %d", s.IssueOut, s.Out, s.Use-1)
 		}
 		if s.IssueIn < s.In || s.IssueIn > s.Use {
 			return bad(sp+".issue_in_at_op", "%d: want %d to %d", s.IssueIn, s.In, s.Use)

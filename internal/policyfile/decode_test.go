@@ -37,6 +37,10 @@ var (
 		`"profile":{"time_ms":1,"strings":["aten::mm","","m","f32"],"tensors":[{"id":3,"bytes":16,"kind":0,"dtype":3,"shape":[4],"ptr":1},{"id":9,"bytes":512,"kind":1,"dtype":3,"shape":[128],"ptr":2,"frozen":true}],` +
 		`"ops":[{"n":0,"o":1,"m":2,"p":1,"in":[9],"out":[3],"mem":528,"flops":0,"io_bytes":0,"rc":false},{"n":0,"o":1,"m":2,"p":1,"in":[3],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false},` +
 		`{"n":0,"o":1,"m":2,"p":1,"in":[9,3],"out":[],"mem":528,"flops":0,"io_bytes":0,"rc":false}],"live_out":[9]}}]}`)
+	// seedWriteBack is seedV2 with the parameter's copy out written back
+	// after op 1 (simulate.Swap.Early).
+	seedWriteBack = bytes.Replace(seedV2, []byte(`"in_before_op":0,"issue_out_after_op":3`),
+		[]byte(`"in_before_op":0,"copy_out_after_op":1,"issue_out_after_op":2`), 1)
 	seedEmpty   = []byte(`{"format":"chameleon-policies","version":2,"policies":[]}`)
 	seedForeign = []byte(`{"format":"other"}`)
 )
@@ -48,7 +52,7 @@ var fuzzConfig = Config{MaxTensor: 64 << 10}
 // and the zero File, or a File that encodes to a file Decode reads back
 // to the same encoding.
 func FuzzDecode(f *testing.F) {
-	for _, s := range [][]byte{seedV1, seedV2, seedFrozen, seedEmpty, seedForeign} {
+	for _, s := range [][]byte{seedV1, seedV2, seedFrozen, seedWriteBack, seedEmpty, seedForeign} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -154,6 +158,12 @@ func TestDecodeRefuses(t *testing.T) {
 			want: "policies[0].out_order[1]: 0: want each swap index 0 to 1 once"},
 		{name: "swap order length", f: func(m map[string]any) { first(m)["in_order"] = []int{0} }, want: "policies[0].in_order: 1 entries for 2 swaps"},
 		{name: "issue out of its gap", f: set(-3, "swaps", 0, "issue_in_at_op"), want: "policies[0].swaps[0].issue_in_at_op: -3: want 2 to 3"},
+		{name: "write-back at its out", f: set(3, "swaps", 1, "copy_out_after_op"),
+			want: "policies[0].swaps[1]: tensor 9: write-back after op 3 for out 3 use 0 (no copy out: false): want it before out, or after use when the swap does not wrap: invalid simulation input"},
+		{name: "issue before its write", f: func(m map[string]any) {
+			s := first(m)["swaps"].([]any)[1].(map[string]any)
+			s["copy_out_after_op"], s["issue_out_after_op"] = 2, 1
+		}, want: "policies[0].swaps[1].issue_out_after_op: 1: want 2 to 3"},
 		{name: "activation expected", f: set(9, "recomputes", 0, "tensor"), want: "policies[0].recomputes[0].tensor: 9: a parameter where an activation is needed"},
 		{name: "kept input", f: set(5, "recomputes", 0, "kept_inputs", 0, "tensor"), want: "policies[0].recomputes[0].kept_inputs[0].tensor: 5: not a tensor of the profile"},
 		{name: "limit", f: set(0, "assumed", "limit_bytes"), want: "policies[0].assumed.limit_bytes: 0: want 1 to 281474976710656"},
@@ -273,4 +283,23 @@ func TestRecomputeSim(t *testing.T) {
 	require.Len(t, s.Remade, 1)
 	assert.Equal(t, 4, int(s.Remade[0].Tensor))
 	assert.Nil(t, Recompute{}.Sim().Kept)
+}
+
+// TestDecodeWriteBack: a swap's write-back op (copy_out_after_op) comes
+// back as the simulator's Early swap and is written again as it was.
+func TestDecodeWriteBack(t *testing.T) {
+	fc, err := Decode(seedWriteBack, Config{})
+	require.NoError(t, err)
+	s := fc.Policies[0].Swaps[1]
+	require.NotNil(t, s.CopyAfter)
+	sw := s.Sim()
+	assert.True(t, sw.Early)
+	assert.Equal(t, 1, sw.CopyAfter)
+	assert.False(t, fc.Policies[0].Swaps[0].Sim().Early)
+	out, err := Encode(fc)
+	require.NoError(t, err)
+	assert.Contains(t, string(out), `"copy_out_after_op":1`)
+	back, err := Decode(out, Config{})
+	require.NoError(t, err)
+	assert.Equal(t, fc, back)
 }

@@ -143,6 +143,21 @@ type Swap struct {
 	// D2H false: the swap copies nothing out (simulate.Swap.NoCopyOut);
 	// absent, a copy out, as in files written before the field.
 	D2H *bool `json:"d2h,omitempty"`
+	// CopyAfter, when present, makes the copy out a write-back issued
+	// after that op (simulate.Swap.Early, CopyAfter); IssueOut is then
+	// from it to Out (the last op, for a write-back of the previous
+	// iteration's last write).
+	CopyAfter *int `json:"copy_out_after_op,omitempty"`
+}
+
+// Sim is the swap as the simulator takes it.
+func (s Swap) Sim() simulate.Swap {
+	sw := simulate.Swap{Tensor: s.Tensor, Bytes: s.Bytes, Out: s.Out, Free: s.Free, In: s.In, Use: s.Use,
+		NoCopyOut: s.D2H != nil && !*s.D2H}
+	if s.CopyAfter != nil {
+		sw.Early, sw.CopyAfter = true, *s.CopyAfter
+	}
+	return sw
 }
 
 // Recompute is a tensor dropped and made again before its use
