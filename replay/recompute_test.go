@@ -39,6 +39,7 @@ func TestReplayRecompute(t *testing.T) {
 			if raceEnabled && c.name != testtraces.Small {
 				t.Skip("under the race detector, the bundled trace only")
 			}
+			t.Parallel() // each trace on a device of its own
 			tr := testtraces.Read(t, c.name)
 			limit := int64(float64(replay.PeakBytes(tr)/c.scale) * c.pct)
 			dev, err := host.New(limit)

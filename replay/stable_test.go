@@ -57,6 +57,7 @@ func TestStableRunsThePlanAlone(t *testing.T) {
 		{"llama16-bf16.jsonl.gz", 2048, 0.7}, {"llama7b-8l-bf16.jsonl.gz", 2048, 0.7},
 	} {
 		t.Run(fmt.Sprintf("%s@%.0f%%", c.name, 100*c.pct), func(t *testing.T) {
+			t.Parallel() // each on a device of its own
 			rep := replayAt(t, c.name, c.pct, c.scale)
 			stable := 0
 			var copies int64 // the bytes the last plan copies out: its swaps less those with no copy
@@ -93,6 +94,7 @@ func TestStableRunsThePlanAlone(t *testing.T) {
 // some steps, and the eviction that makes room takes one tensor where
 // fifty tiny ones (each back on demand) would cost fewer bytes.
 func TestStableOnMixtureOfExperts(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		pct   float64
 		scale int64
@@ -252,6 +254,7 @@ func TestReplayHoldsOnlyLiveOutStorages(t *testing.T) {
 // the plan, the first policy needed more pages than the limit held, best
 // fit moved hundreds of pages a step and a second, tighter plan followed.)
 func TestLayoutPlacesTheFirstPolicy(t *testing.T) {
+	t.Parallel()
 	tr, kt, path := publicWithKernels(t, "llama16-bf16")
 	const scale = 1024
 	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.45)

@@ -308,6 +308,7 @@ func forward(it *trace.Iteration) bool {
 }
 
 func TestPlanTraces(t *testing.T) {
+	t.Parallel() // the package's longest, with TestRecomputeTargets: pure plans, side by side
 	files := []string{bundled}
 	for _, f := range publicTraces {
 		p := filepath.Join(publicDir, f)
@@ -441,6 +442,7 @@ func planDoc(rows []row) string {
 // llama16 +26%, llama7b-8l +23%, GPT-2 +27% to +31%, Qwen2 12 layers +49%
 // to +67%, Qwen2-7B's shape +21% to +24%, GPT-2 XL's width +43% to +47%.
 func TestRecomputeTargets(t *testing.T) {
+	t.Parallel()
 	if raceEnabled {
 		t.Skip("the public traces are slow under the race detector")
 	}
