@@ -101,8 +101,8 @@ func verifiedReplay(t *testing.T, base []string) {
 // GPU's proportions placed (fewer than one block in five hundred missing
 // its place), with no forced eviction and no on-demand swap-in once
 // STABLE; no plan beats the bound of plans with recompute, none is over
-// 1.4x of it with --split or 1.32x with --hoist, and the step in the
-// backward plans at least 5% faster.
+// 1.36x of it with --split or 1.29x with --hoist (llama16's 1.1x), and the
+// step in the backward plans at least 5% faster.
 func TestDeepCutsSplit(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timed replays under the race detector measure the detector")
@@ -135,11 +135,15 @@ func TestDeepCutsSplit(t *testing.T) {
 				t.Logf("25%% with %s: %.2f ms simulated, bound with recompute %.2f ms: %.3fx; held back up to %d bytes at %d ops",
 					flag, plan.IterationMSSim, bound, plan.IterationMSSim/bound, plan.HeldBytes, plan.HeldOps)
 				assert.GreaterOrEqual(t, plan.IterationMSSim, bound, "%s: no plan beats the bound of plans with recompute", flag)
-				// How near: what the plans reached once the copies that still
-				// waited were moved where memory has room (46b9e66: 1.17x
-				// and 1.35x with --split, 1.12x and 1.29x with --hoist; 1.17x,
-				// 1.39x, 1.27x and 1.39x before), with a little room.
-				near := map[string]float64{"--split": 1.4, "--hoist": 1.32}[flag]
+				// How near: what the plans reached with write-backs and frees
+				// in the next step (2373aa9: 1.16x and 1.34x with --split,
+				// 1.08x and 1.26x with --hoist; 1.17x, 1.35x, 1.12x and 1.29x
+				// at 46b9e66), with a little room; llama16's hoisted plan
+				// within the 1.1x the design asks for.
+				near := map[string]float64{"--split": 1.36, "--hoist": 1.29}[flag]
+				if name == "llama16-bf16" && flag == "--hoist" {
+					near = 1.1
+				}
 				assert.LessOrEqual(t, plan.IterationMSSim, near*bound, "%s: the plan that fits its layout stays near the bound", flag)
 				sims = append(sims, plan.IterationMSSim)
 
