@@ -115,7 +115,7 @@ type Tensor struct {
 	ptr     device.DevPtr
 	host    device.HostBuf
 	state   residency
-	ready   device.Event // copy back done (state swappedIn)
+	ready   device.Event // copy back done (state swappedIn); a kept write-back's copy done (wb)
 	outDone device.Event // copy out done (state swapped)
 	// kept: resident again, t still holds the host copy it came back from
 	// (or a write-back made), which stays current until an op writes t
