@@ -16,19 +16,14 @@ import (
 	"github.com/chameleon-go/chameleon/trace"
 )
 
-// TestRetimeMovesWaitingCopiesWhereMemoryHasRoom plans llama7b-8l's step with
+// hoistedQuarter is the plan input of the public trace name's step with
 // the optimizer in the backward (trace.SplitTrace, memory.HoistTrace) at
-// 25% of its peak with recompute and its kernel times, with and without
-// the retiming pass: in the plan itself (the byte count alone) and, laid
-// out in pages, once the layout is known (plan.Make). The pass moves only
-// when each swap frees its memory and when it brings it back; the plan it
-// leaves meets the same limit, its blocks fit, and here, where the
-// optimizer state written in the backward queues on the link while memory
-// has room, it is faster by more than a tenth of the time the copies made
-// compute wait.
-func TestRetimeMovesWaitingCopiesWhereMemoryHasRoom(t *testing.T) {
-	tr := testtraces.Read(t, "llama7b-8l-bf16.jsonl.gz")
-	kern, err := trace.ReadKernelsFile(testtraces.Path(t, "llama7b-8l-bf16.kernels.json.gz"))
+// 25% of its peak, and the options that plan it with recompute and its
+// kernel times; pre is the step prepared for planning.
+func hoistedQuarter(t *testing.T, name string) (plan.Input, []plan.Option, *plan.Result) {
+	t.Helper()
+	tr := testtraces.Read(t, name+".jsonl.gz")
+	kern, err := trace.ReadKernelsFile(testtraces.Path(t, name+".kernels.json.gz"))
 	require.NoError(t, err)
 	k := slices.IndexFunc(tr.Iterations, layer.FromKernels(kern).Matches)
 	require.GreaterOrEqual(t, k, 0, "the kernel times time an iteration")
@@ -41,6 +36,21 @@ func TestRetimeMovesWaitingCopiesWhereMemoryHasRoom(t *testing.T) {
 	pre, err := plan.Prepare(in, opts...)
 	require.NoError(t, err)
 	in.Limit = slices.Max(pre.Curve) / 4
+	return in, opts, pre
+}
+
+// TestRetimeMovesWaitingCopiesWhereMemoryHasRoom plans llama7b-8l's step with
+// the optimizer in the backward (trace.SplitTrace, memory.HoistTrace) at
+// 25% of its peak with recompute and its kernel times, with and without
+// the retiming pass: in the plan itself (the byte count alone) and, laid
+// out in pages, once the layout is known (plan.Make). The pass moves only
+// when each swap frees its memory and when it brings it back; the plan it
+// leaves meets the same limit, its blocks fit, and here, where the
+// optimizer state written in the backward queues on the link while memory
+// has room, it is faster by more than a tenth of the time the copies made
+// compute wait.
+func TestRetimeMovesWaitingCopiesWhereMemoryHasRoom(t *testing.T) {
+	in, opts, pre := hoistedQuarter(t, "llama7b-8l-bf16")
 
 	for _, laid := range []bool{false, true} {
 		t.Run(fmt.Sprintf("layout=%v", laid), func(t *testing.T) {

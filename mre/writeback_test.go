@@ -7,13 +7,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/chameleon-go/chameleon/internal/testtraces"
-	"github.com/chameleon-go/chameleon/layer"
-	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/mre"
 	"github.com/chameleon-go/chameleon/plan"
 	"github.com/chameleon-go/chameleon/simulate"
-	"github.com/chameleon-go/chameleon/trace"
 )
 
 // TestWriteBackCopiesAtTheLastWrite plans llama16's step with the optimizer
@@ -25,21 +21,8 @@ import (
 // Out. The write-backs take the weights the pieces write in the backward off
 // the forward's link out, and the plan is faster, within the same limit.
 func TestWriteBackCopiesAtTheLastWrite(t *testing.T) {
-	tr := testtraces.Read(t, "llama16-bf16.jsonl.gz")
-	kern, err := trace.ReadKernelsFile(testtraces.Path(t, "llama16-bf16.kernels.json.gz"))
-	require.NoError(t, err)
-	k := slices.IndexFunc(tr.Iterations, layer.FromKernels(kern).Matches)
-	require.GreaterOrEqual(t, k, 0, "the kernel times time an iteration")
-	split, origins := trace.SplitTrace(tr)
-	hoisted, horigins := memory.HoistTrace(split, origins)
-	kh, err := kern.Split(horigins[k])
-	require.NoError(t, err)
-	in := plan.Input{Iter: hoisted.Iterations[k], LiveOut: memory.LiveOutFromTrace(hoisted, k)}
-	opts := []plan.Option{plan.WithEstimator(layer.FromKernels(kh)), plan.WithRecordedCurve(), plan.WithRecompute(mre.Recomputable),
-		plan.WithoutLayout()}
-	pre, err := plan.Prepare(in, opts...)
-	require.NoError(t, err)
-	in.Limit = slices.Max(pre.Curve) / 4
+	in, opts, _ := hoistedQuarter(t, "llama16-bf16")
+	opts = append(opts, plan.WithoutLayout())
 
 	before, err := plan.Make(in, append(opts, plan.WithPlanOptions(mre.WithoutWriteBack()))...)
 	require.NoError(t, err)
