@@ -163,8 +163,9 @@ func (p *planner) retime(in Input, pol *Policy) *Policy {
 // WithoutRetime and checks what the moves cost it elsewhere (blocks that
 // must still fit in pages): it moves the copies of pol that made compute
 // wait where the memory of in's curve (in.ResolveCurve) under in.Limit has
-// room, issues copies out as write-backs where that is faster, and returns the moved policy with pol's Curve, or pol itself when
-// nothing moved or nothing ran faster. in is the input pol was planned
+// room, issues copies out as write-backs where that is faster, and
+// returns the moved policy with pol's Curve, or pol itself when nothing
+// moved or nothing ran faster. in is the input pol was planned
 // from, its curve raised where the caller held memory back; pol is not
 // changed. WithoutRetime among opts returns pol.
 func Retime(in Input, pol *Policy, opts ...Option) *Policy {

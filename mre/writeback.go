@@ -26,12 +26,14 @@ func WriteBackAt(m *memory.Model, swaps []simulate.Swap, rcs []simulate.Recomput
 	n := len(it.Ops)
 	// off reports whether the tensor is off the device at op t: strictly
 	// inside another swap's gap or a recompute's.
+	var others []*simulate.Swap // the tensor's other swaps, found once
+	for y := range swaps {
+		if y != x && swaps[y].Tensor == s.Tensor {
+			others = append(others, &swaps[y])
+		}
+	}
 	off := func(t int) bool {
-		for y := range swaps {
-			v := &swaps[y]
-			if y == x || v.Tensor != s.Tensor {
-				continue
-			}
+		for _, v := range others {
 			if v.Wraps() && (t < v.In || t > v.Out) || !v.Wraps() && t > v.Out && t < v.In {
 				return true
 			}
