@@ -511,6 +511,38 @@ func (r *Result) UtilD2H() float64 { return ratio(r.BusyD2H, r.IterationUS) }
 // UtilH2D is the share of the iteration the H2D engine was busy.
 func (r *Result) UtilH2D() float64 { return ratio(r.BusyH2D, r.IterationUS) }
 
+// LinkBusy is how long each copy engine is busy within [from, to) of the
+// iteration, in µs: the copies of r's swaps, with the part of a copy that
+// runs past the iteration's end counted from its start, where it runs
+// when the iteration repeats (steady state). Over [0, IterationUS) it
+// sums to BusyD2H and BusyH2D.
+func (r *Result) LinkBusy(from, to float64) (d2h, h2d float64) {
+	return busyIn(r.Out, from, to, r.IterationUS), busyIn(r.In, from, to, r.IterationUS)
+}
+
+// busyIn is the time of transfers within [from, to), each folded into
+// [0, period) (0: not folded).
+func busyIn(ts []Transfer, from, to, period float64) float64 {
+	overlap := func(s, e float64) float64 { return max(0, min(e, to)-max(s, from)) }
+	var b float64
+	for _, x := range ts {
+		s, e := x.Start, x.End
+		if !(e > s) { // no copy (NaN), or none of it
+			continue
+		}
+		if period > 0 {
+			k := math.Floor(s / period)
+			s, e = s-k*period, e-k*period
+			for e > period {
+				b += overlap(s, period)
+				s, e = 0, e-period
+			}
+		}
+		b += overlap(s, e)
+	}
+	return b
+}
+
 func ratio(a, b float64) float64 {
 	if b <= 0 {
 		return 0

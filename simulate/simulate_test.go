@@ -413,6 +413,20 @@ func TestWrapFreedInNextIteration(t *testing.T) {
 	assert.Equal(t, 7, r.Freed[0])
 	assert.Equal(t, []int64{60e6, 60e6, 5e6, 60e6, 60e6}, mem(r))
 	assert.InDelta(t, 5000, r.IterationUS, 1e-6)
+	// The copy out runs from 5000 to 6000 us: in steady state, over the
+	// next iteration's first op.
+	d2h, h2d := r.LinkBusy(0, 1000)
+	assert.InDelta(t, 1000, d2h, 1e-6)
+	assert.Zero(t, h2d)
+	d2h, h2d = r.LinkBusy(3000, 4000)
+	assert.Zero(t, d2h)
+	assert.InDelta(t, 1000, h2d, 1e-6, "the copy back, issued at op 3")
+	d2h, h2d = r.LinkBusy(500, r.IterationUS)
+	assert.InDelta(t, 500, d2h, 1e-6)
+	assert.InDelta(t, 1000, h2d, 1e-6)
+	d2h, h2d = r.LinkBusy(0, r.IterationUS)
+	assert.InDelta(t, r.BusyD2H, d2h, 1e-6)
+	assert.InDelta(t, r.BusyH2D, h2d, 1e-6)
 
 	// Freed at op 1, which starts at 100 us: it waits for the copy, to
 	// 1000 us, counted as a wait for the last step's copies out.

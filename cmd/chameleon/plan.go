@@ -125,6 +125,53 @@ type waits struct {
 	CopiesBack float64 `json:"copies_back"`
 }
 
+// linkPart is how busy each direction of the link is over one part of the
+// simulated step.
+type linkPart struct {
+	Part    string  `json:"part"`
+	MS      float64 `json:"ms"`
+	UtilD2H float64 `json:"d2h"`
+	UtilH2D float64 `json:"h2d"`
+}
+
+// stepParts splits the simulated step sim of it into its forward (from
+// the start to the first backward op), its backward (to the end of the
+// last backward op, with the optimizer pieces run in it) and what follows
+// (the optimizer step), each with the share of its time each direction of
+// the link is busy (simulate.Result.LinkBusy). A part with no op is left
+// out; nil when the step has no backward.
+func stepParts(it *trace.Iteration, sim *simulate.Result) []linkPart {
+	first, last := -1, -1
+	for t := range it.Ops {
+		if it.Ops[t].Phase == trace.PhaseBackward {
+			if first < 0 {
+				first = t
+			}
+			last = t
+		}
+	}
+	if first < 0 || len(sim.Ops) != len(it.Ops) {
+		return nil
+	}
+	cuts := []struct {
+		name     string
+		from, to float64
+	}{
+		{"forward", 0, sim.Ops[first].Start},
+		{"backward", sim.Ops[first].Start, sim.Ops[last].End},
+		{"after the backward", sim.Ops[last].End, sim.IterationUS},
+	}
+	var out []linkPart
+	for i, c := range cuts {
+		if c.to <= c.from || (i == 0 && first == 0) || (i == 2 && last == len(it.Ops)-1) {
+			continue
+		}
+		d, h := sim.LinkBusy(c.from, c.to)
+		out = append(out, linkPart{Part: c.name, MS: (c.to - c.from) / 1000, UtilD2H: d / (c.to - c.from), UtilH2D: h / (c.to - c.from)})
+	}
+	return out
+}
+
 // layoutReport is plan.Layout in the --json output.
 type layoutReport struct {
 	PageBytes    int64 `json:"page_bytes"`
@@ -212,6 +259,9 @@ type planReport struct {
 	HostBudgetBytes int64   `json:"host_budget_bytes,omitempty"`
 	UtilD2H         float64 `json:"link_util_d2h"`
 	UtilH2D         float64 `json:"link_util_h2d"`
+	// LinkParts is the same by part of the step (stepParts): where the
+	// link in one direction is full and the other idle.
+	LinkParts []linkPart `json:"link_util_by_part,omitempty"`
 	// Waits is the time ops waited for copies on the simulated timeline,
 	// by what they waited for (simulate.Result's WaitStartUS, WaitOutUS,
 	// WaitInUS).
@@ -242,6 +292,9 @@ type planReport struct {
 	// without the plan in ms, and the iteration's end.
 	plotTime bool
 	opMS     []float64
+	// groups are the plan's logical layers, over which --plot draws how
+	// busy the link is.
+	groups []layer.Group
 
 	// When the limit cannot be met: what was planned (in.Limit the
 	// limit), the curve kept under it, the planner's shortfall, the op
@@ -508,6 +561,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	}
 	rep.IterationMSBase = base / 1000
 	rep.plotTime = cfg.plotTime
+	rep.groups = res.Groups
 	rep.opMS = make([]float64, len(res.OpTimes)+1)
 	for t, d := range res.OpTimes {
 		rep.opMS[t+1] = rep.opMS[t] + d/1000
@@ -563,6 +617,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.OverheadPct = pol.Sim.OverheadPct()
 	rep.BytesOut, rep.BytesIn = pol.Sim.BytesD2H, pol.Sim.BytesH2D
 	rep.UtilD2H, rep.UtilH2D = pol.Sim.UtilD2H(), pol.Sim.UtilH2D()
+	rep.LinkParts = stepParts(it, pol.Sim)
 	rep.Waits = &waits{StepStart: pol.Sim.WaitStartUS / 1000, CopiesOut: pol.Sim.WaitOutUS / 1000, CopiesBack: pol.Sim.WaitInUS / 1000}
 	// Report op numbers as the trace's seq numbers.
 	seqOf := func(x int) int {
@@ -644,7 +699,15 @@ func printPlan(w io.Writer, r *planReport) {
 		fmt.Fprintf(w, "least traffic of any plan: %s in per iteration (%.2f ms at the link's rate in), this plan %.2fx it\n",
 			fmtBytes(r.TrafficBoundBytes), r.TrafficBoundMS, float64(r.BytesIn)/float64(r.TrafficBoundBytes))
 	}
-	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%\n", r.UtilD2H*100, r.UtilH2D*100)
+	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%", r.UtilD2H*100, r.UtilH2D*100)
+	for i, p := range r.LinkParts {
+		sep := ", "
+		if i == 0 {
+			sep = "; "
+		}
+		fmt.Fprintf(w, "%s%s %.2f ms: d2h %.0f%%, h2d %.0f%%", sep, p.Part, p.MS, p.UtilD2H*100, p.UtilH2D*100)
+	}
+	fmt.Fprintln(w)
 	if wt := r.Waits; wt != nil {
 		fmt.Fprintf(w, "waits for copies: %.2f ms: %.2f ms for copies out to end before their memory counts free, %.2f ms for copies back, %.2f ms for the last step's copies out where the step takes their memory\n",
 			wt.StepStart+wt.CopiesOut+wt.CopiesBack, wt.CopiesOut, wt.CopiesBack, wt.StepStart)

@@ -515,6 +515,10 @@ func TestPlanRecomputeOutputs(t *testing.T) {
 	var rep struct {
 		Recomputes []simulate.Recompute `json:"recomputes"`
 		Swaps      []simulate.Swap      `json:"swaps"`
+		MS         float64              `json:"iteration_ms_simulated"`
+		D2H        float64              `json:"link_util_d2h"`
+		H2D        float64              `json:"link_util_h2d"`
+		Parts      []linkPart           `json:"link_util_by_part"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	require.NotEmpty(t, rep.Recomputes)
@@ -522,6 +526,23 @@ func TestPlanRecomputeOutputs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(plot), "recompute: dropped")
 	assert.Contains(t, string(plot), "swap: memory free")
+	assert.Contains(t, string(plot), "copies back (h2d)", "the link panel")
+
+	// The parts of the step (the fused optimizer step whole, after the
+	// backward) cover it, and the link's busy time over them is its busy
+	// time over the step.
+	var parts []string
+	var ms, d2h, h2d float64
+	for _, p := range rep.Parts {
+		parts = append(parts, p.Part)
+		ms, d2h, h2d = ms+p.MS, d2h+p.MS*p.UtilD2H, h2d+p.MS*p.UtilH2D
+		assert.InDelta(t, 0.5, p.UtilD2H, 0.5+1e-9, p.Part)
+		assert.InDelta(t, 0.5, p.UtilH2D, 0.5+1e-9, p.Part)
+	}
+	assert.Equal(t, []string{"forward", "backward", "after the backward"}, parts)
+	assert.InDelta(t, rep.MS, ms, 1e-6)
+	assert.InDelta(t, rep.D2H*rep.MS, d2h, 1e-6)
+	assert.InDelta(t, rep.H2D*rep.MS, h2d, 1e-6)
 	data, err := os.ReadFile(pf)
 	require.NoError(t, err)
 	var tl struct {

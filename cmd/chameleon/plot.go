@@ -151,6 +151,13 @@ func plotPlan(path string, r *planReport) error {
 	}
 	lanes.Add(plotter.NewGrid())
 
+	// How busy each direction of the link is over each logical layer, on
+	// the plan's simulated timeline.
+	link, d2h, h2d, err := linkPanel(r)
+	if err != nil {
+		return err
+	}
+
 	leg := plot.NewLegend()
 	leg.Top, leg.Left = true, true
 	leg.Add("recorded", lb)
@@ -166,8 +173,16 @@ func plotPlan(path string, r *planReport) error {
 		t.Width = vg.Points(4)
 		leg.Add("recompute: dropped\nuntil made again", &t)
 	}
+	if link != nil {
+		leg.Add("link busy:\ncopies out (d2h)", d2h)
+		leg.Add("link busy:\ncopies back (h2d)", h2d)
+	}
 
-	c, err := draw.NewFormattedCanvas(plotWidth, plotHeight, format)
+	height := plotHeight
+	if link != nil {
+		height += plotHeight / 3
+	}
+	c, err := draw.NewFormattedCanvas(plotWidth, height, format)
 	if err != nil {
 		return err
 	}
@@ -175,13 +190,67 @@ func plotPlan(path string, r *planReport) error {
 	dc.SetColor(color.White) // the legend strip too, not only the panels
 	dc.Fill(dc.Rectangle.Path())
 	data := draw.Crop(dc, 0, -legendStrip, 0, 0)
-	tiles := plot.Align([][]*plot.Plot{{mem}, {lanes}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(4), PadBottom: vg.Points(4),
+	panels := [][]*plot.Plot{{mem}, {lanes}}
+	if link != nil {
+		panels = append(panels, []*plot.Plot{link})
+	}
+	tiles := plot.Align(panels, draw.Tiles{Rows: len(panels), Cols: 1, PadTop: vg.Points(4), PadBottom: vg.Points(4),
 		PadLeft: vg.Points(4), PadRight: vg.Points(8), PadY: vg.Points(10)}, data)
-	mem.Draw(tiles[0][0])
-	lanes.Draw(tiles[1][0])
+	for i, row := range panels {
+		row[0].Draw(tiles[i][0])
+	}
 	side := draw.Crop(dc, plotWidth-legendStrip+vg.Points(6), 0, 0, -vg.Points(48))
 	leg.Draw(side)
 	return writeCanvas(path, c)
+}
+
+// linkPanel draws, per logical layer of r's plan, the share of its time on
+// the plan's simulated timeline that each direction of the link is busy
+// (simulate.Result.LinkBusy): a step line each, copies out and copies
+// back. nil when the plan has no logical layers or moves nothing.
+func linkPanel(r *planReport) (p *plot.Plot, d2h, h2d *plotter.Line, err error) {
+	sim := r.policy.Sim
+	n := len(sim.Ops)
+	if len(r.groups) == 0 || sim.BytesD2H+sim.BytesH2D == 0 {
+		return nil, nil, nil, nil
+	}
+	var out, in plotter.XYs
+	for _, g := range r.groups {
+		if g.First < 0 || g.Last >= n || g.Last < g.First {
+			continue
+		}
+		from, to := sim.Ops[g.First].Start, sim.Ops[g.Last].End
+		if to <= from {
+			continue
+		}
+		d, h := sim.LinkBusy(from, to)
+		x0, x1 := r.xStart(g.First), r.xStart(g.Last+1)
+		if g.Last+1 >= n {
+			x1 = r.xEnd(n)
+		}
+		out = append(out, plotter.XY{X: x0, Y: d / (to - from) * 100}, plotter.XY{X: x1, Y: d / (to - from) * 100})
+		in = append(in, plotter.XY{X: x0, Y: h / (to - from) * 100}, plotter.XY{X: x1, Y: h / (to - from) * 100})
+	}
+	if len(out) == 0 {
+		return nil, nil, nil, nil
+	}
+	p = plot.New()
+	p.X.Label.Text = r.xLabel()
+	p.Y.Label.Text = "link busy, % of each layer"
+	p.X.Min, p.X.Max = 0, r.xEnd(n)
+	p.Y.Min, p.Y.Max = 0, 105
+	p.Add(plotter.NewGrid())
+	if d2h, err = plotter.NewLine(out); err != nil {
+		return nil, nil, nil, err
+	}
+	d2h.Color, d2h.Width = plotColor(150, 60, 170), vg.Points(1.2)
+	if h2d, err = plotter.NewLine(in); err != nil {
+		return nil, nil, nil, err
+	}
+	h2d.Color, h2d.Width = plotColor(20, 150, 150), vg.Points(1.2)
+	h2d.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+	p.Add(d2h, h2d)
+	return p, d2h, h2d, nil
 }
 
 // plotInfeasible draws, for a limit no plan meets, the curve kept under
