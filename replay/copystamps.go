@@ -9,6 +9,8 @@ import (
 
 	"github.com/chameleon-go/chameleon/device"
 	"github.com/chameleon-go/chameleon/device/host"
+	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // CopyTimeline is a Timeline that also stamps the copies the Engine
@@ -193,6 +195,52 @@ func copySpans(cs []CopyStamp, t0 int64) []CopySpan {
 		out[i] = CopySpan{ToHost: c.ToHost, Bytes: c.Bytes, Recompute: c.Recompute, Op: c.Op, StartUS: float64(c.Start-t0) / 1e3, EndUS: float64(c.End-t0) / 1e3}
 	}
 	return out
+}
+
+// partsOf is how busy each direction of the link was over each part of a
+// stamped iteration (trace.StepParts; sp its ops, cp its copies): a part
+// runs from its first op's start (the first kernel's, for the first part)
+// to the next part's first op's start (the last kernel's end, for the
+// last), as simulate.Result.PartsBusy counts the simulated step; copies
+// that overlap count once. A part that took no time is left out.
+func partsOf(parts []trace.Part, sp []OpSpan, cp []CopySpan) []simulate.PartBusy {
+	if len(parts) == 0 || len(sp) == 0 || parts[len(parts)-1].Last >= len(sp) {
+		return nil
+	}
+	var out []simulate.PartBusy
+	for k, p := range parts {
+		from, to := sp[p.First].StartUS, sp[len(sp)-1].EndUS
+		if k == 0 {
+			from = 0
+		}
+		if k+1 < len(parts) {
+			to = sp[parts[k+1].First].StartUS
+		}
+		if to <= from {
+			continue
+		}
+		d, h := busyWithin(cp, true, from, to), busyWithin(cp, false, from, to)
+		out = append(out, simulate.PartBusy{Part: p.Name, MS: (to - from) / 1e3, D2H: d / (to - from), H2D: h / (to - from)})
+	}
+	return out
+}
+
+// busyWithin is the time, µs, within [from, to) that copies one way (sp by
+// start) kept the link busy, overlapping copies counted once.
+func busyWithin(sp []CopySpan, toHost bool, from, to float64) float64 {
+	var b float64
+	reach := from
+	for _, s := range sp {
+		if s.Recompute || s.ToHost != toHost {
+			continue
+		}
+		lo, hi := max(s.StartUS, reach), min(s.EndUS, to)
+		if hi > lo {
+			b += hi - lo
+		}
+		reach = max(reach, min(s.EndUS, to))
+	}
+	return b
 }
 
 // linkOf sums an iteration's copies one way (nil with none).

@@ -23,6 +23,7 @@ import (
 	"github.com/chameleon-go/chameleon/layer"
 	"github.com/chameleon-go/chameleon/memory"
 	"github.com/chameleon-go/chameleon/mre"
+	"github.com/chameleon-go/chameleon/simulate"
 	"github.com/chameleon-go/chameleon/trace"
 )
 
@@ -184,6 +185,13 @@ type IterationReport struct {
 	// way read at the iteration's end.
 	D2H *LinkFigures `json:"d2h,omitempty"`
 	H2D *LinkFigures `json:"h2d,omitempty"`
+	// LinkParts is, with such a timeline, how busy each direction of the
+	// link was over the forward, the backward and what follows it
+	// (trace.StepParts), and LinkPartsSimulated the same of the policy in
+	// force's simulation (simulate.Result.PartsBusy), where it has one of
+	// this iteration's ops.
+	LinkParts          []simulate.PartBusy `json:"link_by_part,omitempty"`
+	LinkPartsSimulated []simulate.PartBusy `json:"link_by_part_simulated,omitempty"`
 	// WorstLayers are, with a timeline, the three logical layers of the
 	// policy in force that ran longest over their simulated time.
 	WorstLayers []LayerTime `json:"worst_layers,omitempty"`
@@ -720,6 +728,11 @@ func (r *runner) iteration(k int, it *trace.Iteration, frees [][]trace.TensorID,
 			}
 			cp = copySpans(cs, st[0].Start)
 			ir.D2H, ir.H2D = linkOf(cp, true), linkOf(cp, false)
+			parts := trace.StepParts(it.Ops)
+			ir.LinkParts = partsOf(parts, sp, cp)
+			if sim := e.Simulation(); sim != nil && sim.Result != nil && len(sim.Result.Ops) == len(it.Ops) {
+				ir.LinkPartsSimulated = sim.Result.PartsBusy(parts)
+			}
 			for _, c := range cp {
 				if c.Recompute {
 					ir.RecomputeKernelMS += (c.EndUS - c.StartUS) / 1e3

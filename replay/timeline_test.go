@@ -16,6 +16,7 @@ import (
 	"github.com/chameleon-go/chameleon/replay"
 	"github.com/chameleon-go/chameleon/seq"
 	"github.com/chameleon-go/chameleon/simulate"
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // TestTimelineSplitsTheStep: with a timeline, every op kernel of every
@@ -74,6 +75,7 @@ func TestTimelineStampsCopies(t *testing.T) {
 		return replay.Timing{Launch: replay.HostKernel(dev), Timeline: tl}
 	}, func(d *host.Device) device.Device { return replay.StampHostCopies(d, tl) }, replay.Config{})
 	var out, in int64
+	stable := 0
 	for i, x := range rep.PerIteration {
 		for _, f := range []*replay.LinkFigures{x.D2H, x.H2D} {
 			if f == nil {
@@ -90,9 +92,28 @@ func TestTimelineStampsCopies(t *testing.T) {
 			in += x.H2D.Bytes
 		}
 		if x.Stage == "STABLE" {
+			stable++
 			assert.NotNil(t, x.D2H, "iteration %d swaps out", i)
+			// By part of the step, measured and simulated: the same parts,
+			// each busy a share of it, and no more link time than the
+			// iteration's.
+			require.NotEmpty(t, x.LinkParts, "iteration %d", i)
+			require.Len(t, x.LinkPartsSimulated, len(x.LinkParts), "iteration %d", i)
+			var d2h float64
+			for j, p := range x.LinkParts {
+				assert.Equal(t, p.Part, x.LinkPartsSimulated[j].Part)
+				assert.Positive(t, p.MS, "iteration %d %s", i, p.Part)
+				for _, v := range []float64{p.D2H, p.H2D, x.LinkPartsSimulated[j].D2H, x.LinkPartsSimulated[j].H2D} {
+					assert.InDelta(t, 0.5, v, 0.5+1e-9, "iteration %d %s", i, p.Part)
+				}
+				d2h += p.D2H * p.MS
+			}
+			assert.Equal(t, trace.PartForward, x.LinkParts[0].Part)
+			assert.Positive(t, d2h, "iteration %d: the copies out ran in its parts", i)
+			assert.LessOrEqual(t, d2h, x.D2H.BusyMS+1e-6, "iteration %d", i)
 		}
 	}
+	require.Positive(t, stable)
 	t.Logf("stamped %d bytes out, %d in; swapped %d", out, in, rep.SwappedBytes)
 	assert.Positive(t, in)
 	assert.LessOrEqual(t, out, rep.SwappedBytes)

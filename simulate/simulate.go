@@ -520,6 +520,43 @@ func (r *Result) LinkBusy(from, to float64) (d2h, h2d float64) {
 	return busyIn(r.Out, from, to, r.IterationUS), busyIn(r.In, from, to, r.IterationUS)
 }
 
+// PartBusy is how busy each direction of the link is over one part of a
+// step: the part's length and the share of it each copy engine is busy.
+type PartBusy struct {
+	Part string  `json:"part"`
+	MS   float64 `json:"ms"`
+	D2H  float64 `json:"d2h"`
+	H2D  float64 `json:"h2d"`
+}
+
+// PartsBusy is LinkBusy over each part of r's step (trace.StepParts of its
+// ops): a part runs from its first op's start (the step's start for the
+// first) to the next part's first op's start (the step's end for the
+// last), so a wait before an op counts in the part before it. A part that
+// takes no time (profiler marks) is left out; nil when parts do not index
+// r's ops.
+func (r *Result) PartsBusy(parts []trace.Part) []PartBusy {
+	if len(parts) == 0 || parts[len(parts)-1].Last >= len(r.Ops) {
+		return nil
+	}
+	out := make([]PartBusy, 0, len(parts))
+	for k, p := range parts {
+		from, to := r.Ops[p.First].Start, r.IterationUS
+		if k == 0 {
+			from = 0
+		}
+		if k+1 < len(parts) {
+			to = r.Ops[parts[k+1].First].Start
+		}
+		if to <= from {
+			continue // ops that take no time: profiler marks
+		}
+		d, h := r.LinkBusy(from, to)
+		out = append(out, PartBusy{Part: p.Name, MS: (to - from) / 1000, D2H: d / (to - from), H2D: h / (to - from)})
+	}
+	return out
+}
+
 // busyIn is the time of transfers within [from, to), each folded into
 // [0, period) (0: not folded).
 func busyIn(ts []Transfer, from, to, period float64) float64 {

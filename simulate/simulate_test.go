@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/chameleon-go/chameleon/trace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -427,6 +428,9 @@ func TestWrapFreedInNextIteration(t *testing.T) {
 	d2h, h2d = r.LinkBusy(0, r.IterationUS)
 	assert.InDelta(t, r.BusyD2H, d2h, 1e-6)
 	assert.InDelta(t, r.BusyH2D, h2d, 1e-6)
+	parts := r.PartsBusy([]trace.Part{{Name: trace.PartForward, First: 0, Last: 1}, {Name: trace.PartBackward, First: 2, Last: 4}})
+	assert.Equal(t, []PartBusy{{Part: trace.PartForward, MS: 2, D2H: 0.5}, {Part: trace.PartBackward, MS: 3, H2D: 1.0 / 3}}, parts)
+	assert.Nil(t, r.PartsBusy([]trace.Part{{Name: trace.PartForward, First: 0, Last: 5}}), "past the last op")
 
 	// Freed at op 1, which starts at 100 us: it waits for the copy, to
 	// 1000 us, counted as a wait for the last step's copies out.

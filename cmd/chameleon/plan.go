@@ -125,53 +125,6 @@ type waits struct {
 	CopiesBack float64 `json:"copies_back"`
 }
 
-// linkPart is how busy each direction of the link is over one part of the
-// simulated step.
-type linkPart struct {
-	Part    string  `json:"part"`
-	MS      float64 `json:"ms"`
-	UtilD2H float64 `json:"d2h"`
-	UtilH2D float64 `json:"h2d"`
-}
-
-// stepParts splits the simulated step sim of it into its forward (from
-// the start to the first backward op), its backward (to the end of the
-// last backward op, with the optimizer pieces run in it) and what follows
-// (the optimizer step), each with the share of its time each direction of
-// the link is busy (simulate.Result.LinkBusy). A part with no op is left
-// out; nil when the step has no backward.
-func stepParts(it *trace.Iteration, sim *simulate.Result) []linkPart {
-	first, last := -1, -1
-	for t := range it.Ops {
-		if it.Ops[t].Phase == trace.PhaseBackward {
-			if first < 0 {
-				first = t
-			}
-			last = t
-		}
-	}
-	if first < 0 || len(sim.Ops) != len(it.Ops) {
-		return nil
-	}
-	cuts := []struct {
-		name     string
-		from, to float64
-	}{
-		{"forward", 0, sim.Ops[first].Start},
-		{"backward", sim.Ops[first].Start, sim.Ops[last].End},
-		{"after the backward", sim.Ops[last].End, sim.IterationUS},
-	}
-	var out []linkPart
-	for i, c := range cuts {
-		if c.to <= c.from || (i == 0 && first == 0) || (i == 2 && last == len(it.Ops)-1) {
-			continue
-		}
-		d, h := sim.LinkBusy(c.from, c.to)
-		out = append(out, linkPart{Part: c.name, MS: (c.to - c.from) / 1000, UtilD2H: d / (c.to - c.from), UtilH2D: h / (c.to - c.from)})
-	}
-	return out
-}
-
 // layoutReport is plan.Layout in the --json output.
 type layoutReport struct {
 	PageBytes    int64 `json:"page_bytes"`
@@ -261,7 +214,7 @@ type planReport struct {
 	UtilH2D         float64 `json:"link_util_h2d"`
 	// LinkParts is the same by part of the step (stepParts): where the
 	// link in one direction is full and the other idle.
-	LinkParts []linkPart `json:"link_util_by_part,omitempty"`
+	LinkParts []simulate.PartBusy `json:"link_util_by_part,omitempty"`
 	// Waits is the time ops waited for copies on the simulated timeline,
 	// by what they waited for (simulate.Result's WaitStartUS, WaitOutUS,
 	// WaitInUS).
@@ -617,7 +570,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.OverheadPct = pol.Sim.OverheadPct()
 	rep.BytesOut, rep.BytesIn = pol.Sim.BytesD2H, pol.Sim.BytesH2D
 	rep.UtilD2H, rep.UtilH2D = pol.Sim.UtilD2H(), pol.Sim.UtilH2D()
-	rep.LinkParts = stepParts(it, pol.Sim)
+	rep.LinkParts = pol.Sim.PartsBusy(trace.StepParts(it.Ops))
 	rep.Waits = &waits{StepStart: pol.Sim.WaitStartUS / 1000, CopiesOut: pol.Sim.WaitOutUS / 1000, CopiesBack: pol.Sim.WaitInUS / 1000}
 	// Report op numbers as the trace's seq numbers.
 	seqOf := func(x int) int {
@@ -705,7 +658,7 @@ func printPlan(w io.Writer, r *planReport) {
 		if i == 0 {
 			sep = "; "
 		}
-		fmt.Fprintf(w, "%s%s %.2f ms: d2h %.0f%%, h2d %.0f%%", sep, p.Part, p.MS, p.UtilD2H*100, p.UtilH2D*100)
+		fmt.Fprintf(w, "%s%s %.2f ms: d2h %.0f%%, h2d %.0f%%", sep, p.Part, p.MS, p.D2H*100, p.H2D*100)
 	}
 	fmt.Fprintln(w)
 	if wt := r.Waits; wt != nil {

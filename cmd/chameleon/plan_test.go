@@ -518,7 +518,7 @@ func TestPlanRecomputeOutputs(t *testing.T) {
 		MS         float64              `json:"iteration_ms_simulated"`
 		D2H        float64              `json:"link_util_d2h"`
 		H2D        float64              `json:"link_util_h2d"`
-		Parts      []linkPart           `json:"link_util_by_part"`
+		Parts      []simulate.PartBusy  `json:"link_util_by_part"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	require.NotEmpty(t, rep.Recomputes)
@@ -535,9 +535,9 @@ func TestPlanRecomputeOutputs(t *testing.T) {
 	var ms, d2h, h2d float64
 	for _, p := range rep.Parts {
 		parts = append(parts, p.Part)
-		ms, d2h, h2d = ms+p.MS, d2h+p.MS*p.UtilD2H, h2d+p.MS*p.UtilH2D
-		assert.InDelta(t, 0.5, p.UtilD2H, 0.5+1e-9, p.Part)
-		assert.InDelta(t, 0.5, p.UtilH2D, 0.5+1e-9, p.Part)
+		ms, d2h, h2d = ms+p.MS, d2h+p.MS*p.D2H, h2d+p.MS*p.H2D
+		assert.InDelta(t, 0.5, p.D2H, 0.5+1e-9, p.Part)
+		assert.InDelta(t, 0.5, p.H2D, 0.5+1e-9, p.Part)
 	}
 	assert.Equal(t, []string{"forward", "backward", "after the backward"}, parts)
 	assert.InDelta(t, rep.MS, ms, 1e-6)

@@ -314,6 +314,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			}
 			fmt.Fprintf(stdout, "; forced evictions %d, on-demand swap-ins %d\n", s.Evictions, s.OnDemandSwapIns)
 		}
+		printLinkParts(stdout, rep.PerIteration)
 	}
 	if *timeline != "" {
 		if err := writeTimeline(*timeline, rep); err != nil {
@@ -382,4 +383,36 @@ func noPolicy(rep *replay.Report, n int, cfg seq.Config) string {
 		return "planning failed: " + rep.PlanErrors[len(rep.PlanErrors)-1]
 	}
 	return fmt.Sprintf("the sequence changed before %d iterations of one ran (chameleon detect --trace F says where and why; --cosine, --length and --memory set what counts as a change)", cfg.M+cfg.N+1)
+}
+
+// printLinkParts prints, for the last iteration whose copies were stamped
+// (--timeline), how busy each direction of the link was over each part of
+// the step, measured and, where the policy's simulation is of its ops,
+// simulated.
+func printLinkParts(w io.Writer, its []replay.IterationReport) {
+	for k := len(its) - 1; k >= 0; k-- {
+		x := &its[k]
+		if len(x.LinkParts) == 0 {
+			continue
+		}
+		sim := len(x.LinkPartsSimulated) == len(x.LinkParts)
+		fmt.Fprintf(w, "link busy by part, round %d iteration %d (%s), measured", x.Round, x.Iter, x.Stage)
+		if sim {
+			fmt.Fprint(w, " (simulated)")
+		}
+		for j, p := range x.LinkParts {
+			sep := ", "
+			if j == 0 {
+				sep = ": "
+			}
+			if sim {
+				q := x.LinkPartsSimulated[j]
+				fmt.Fprintf(w, "%s%s %.2f ms (%.2f): d2h %.0f%% (%.0f%%), h2d %.0f%% (%.0f%%)", sep, p.Part, p.MS, q.MS, p.D2H*100, q.D2H*100, p.H2D*100, q.H2D*100)
+			} else {
+				fmt.Fprintf(w, "%s%s %.2f ms: d2h %.0f%%, h2d %.0f%%", sep, p.Part, p.MS, p.D2H*100, p.H2D*100)
+			}
+		}
+		fmt.Fprintln(w)
+		return
+	}
 }
