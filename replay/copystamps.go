@@ -198,31 +198,17 @@ func copySpans(cs []CopyStamp, t0 int64) []CopySpan {
 }
 
 // partsOf is how busy each direction of the link was over each part of a
-// stamped iteration (trace.StepParts; sp its ops, cp its copies): a part
-// runs from its first op's start (the first kernel's, for the first part)
-// to the next part's first op's start (the last kernel's end, for the
-// last), as simulate.Result.PartsBusy counts the simulated step; copies
-// that overlap count once. A part that took no time is left out.
+// stamped iteration (trace.StepParts; sp its ops, cp its copies), split as
+// simulate.PartsOver splits the simulated step, the last part ending with
+// the last kernel; copies that overlap count once.
 func partsOf(parts []trace.Part, sp []OpSpan, cp []CopySpan) []simulate.PartBusy {
 	if len(parts) == 0 || len(sp) == 0 || parts[len(parts)-1].Last >= len(sp) {
 		return nil
 	}
-	var out []simulate.PartBusy
-	for k, p := range parts {
-		from, to := sp[p.First].StartUS, sp[len(sp)-1].EndUS
-		if k == 0 {
-			from = 0
-		}
-		if k+1 < len(parts) {
-			to = sp[parts[k+1].First].StartUS
-		}
-		if to <= from {
-			continue
-		}
-		d, h := busyWithin(cp, true, from, to), busyWithin(cp, false, from, to)
-		out = append(out, simulate.PartBusy{Part: p.Name, MS: (to - from) / 1e3, D2H: d / (to - from), H2D: h / (to - from)})
-	}
-	return out
+	return simulate.PartsOver(parts, func(op int) float64 { return sp[op].StartUS }, sp[len(sp)-1].EndUS,
+		func(from, to float64) (float64, float64) {
+			return busyWithin(cp, true, from, to), busyWithin(cp, false, from, to)
+		})
 }
 
 // busyWithin is the time, µs, within [from, to) that copies one way (sp by

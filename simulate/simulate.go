@@ -530,28 +530,36 @@ type PartBusy struct {
 }
 
 // PartsBusy is LinkBusy over each part of r's step (trace.StepParts of its
-// ops): a part runs from its first op's start (the step's start for the
-// first) to the next part's first op's start (the step's end for the
-// last), so a wait before an op counts in the part before it. A part that
-// takes no time (profiler marks) is left out; nil when parts do not index
-// r's ops.
+// ops), as PartsOver counts them; nil when parts do not index r's ops.
 func (r *Result) PartsBusy(parts []trace.Part) []PartBusy {
 	if len(parts) == 0 || parts[len(parts)-1].Last >= len(r.Ops) {
 		return nil
 	}
-	out := make([]PartBusy, 0, len(parts))
+	return PartsOver(parts, func(op int) float64 { return r.Ops[op].Start }, r.IterationUS, r.LinkBusy)
+}
+
+// PartsOver is how busy each direction of the link is over each part of a
+// step whose op op starts at start(op) and which ends at end, busy giving
+// the time each direction is busy within a stretch: a part runs from its
+// first op's start (0 for the first part) to the next part's first op's
+// start (end for the last), so a wait before an op counts in the part
+// before it. A part that takes no time (profiler marks) is left out. The
+// simulated step (PartsBusy) and a measured one (replay's timeline) are
+// split the same way.
+func PartsOver(parts []trace.Part, start func(op int) float64, end float64, busy func(from, to float64) (d2h, h2d float64)) []PartBusy {
+	var out []PartBusy
 	for k, p := range parts {
-		from, to := r.Ops[p.First].Start, r.IterationUS
+		from, to := start(p.First), end
 		if k == 0 {
 			from = 0
 		}
 		if k+1 < len(parts) {
-			to = r.Ops[parts[k+1].First].Start
+			to = start(parts[k+1].First)
 		}
 		if to <= from {
-			continue // ops that take no time: profiler marks
+			continue
 		}
-		d, h := r.LinkBusy(from, to)
+		d, h := busy(from, to)
 		out = append(out, PartBusy{Part: p.Name, MS: (to - from) / 1000, D2H: d / (to - from), H2D: h / (to - from)})
 	}
 	return out
