@@ -212,7 +212,8 @@ type planReport struct {
 	HostBudgetBytes int64   `json:"host_budget_bytes,omitempty"`
 	UtilD2H         float64 `json:"link_util_d2h"`
 	UtilH2D         float64 `json:"link_util_h2d"`
-	// LinkParts is the same by part of the step (stepParts): where the
+	// LinkParts is the same by part of the step (trace.StepParts,
+	// simulate.Result.PartsBusy): where the
 	// link in one direction is full and the other idle.
 	LinkParts []simulate.PartBusy `json:"link_util_by_part,omitempty"`
 	// Waits is the time ops waited for copies on the simulated timeline,
@@ -653,12 +654,9 @@ func printPlan(w io.Writer, r *planReport) {
 			fmtBytes(r.TrafficBoundBytes), r.TrafficBoundMS, float64(r.BytesIn)/float64(r.TrafficBoundBytes))
 	}
 	fmt.Fprintf(w, "link busy: d2h %.0f%%, h2d %.0f%%", r.UtilD2H*100, r.UtilH2D*100)
-	for i, p := range r.LinkParts {
-		sep := ", "
-		if i == 0 {
-			sep = "; "
-		}
-		fmt.Fprintf(w, "%s%s %.2f ms: d2h %.0f%%, h2d %.0f%%", sep, p.Part, p.MS, p.D2H*100, p.H2D*100)
+	if len(r.LinkParts) > 0 {
+		fmt.Fprint(w, "; ")
+		writeParts(w, r.LinkParts, nil)
 	}
 	fmt.Fprintln(w)
 	if wt := r.Waits; wt != nil {
@@ -676,3 +674,20 @@ func printPlan(w io.Writer, r *planReport) {
 }
 
 func fmtBytes(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+
+// writeParts writes how busy each direction of the link is over each part
+// of a step, "forward 74.86 ms: d2h 98%, h2d 27%, backward ...", with in
+// parentheses the same of sim where it has as many parts (nil: none).
+func writeParts(w io.Writer, ps, sim []simulate.PartBusy) {
+	for j, p := range ps {
+		if j > 0 {
+			fmt.Fprint(w, ", ")
+		}
+		if len(sim) != len(ps) {
+			fmt.Fprintf(w, "%s %.2f ms: d2h %.0f%%, h2d %.0f%%", p.Part, p.MS, p.D2H*100, p.H2D*100)
+			continue
+		}
+		q := sim[j]
+		fmt.Fprintf(w, "%s %.2f ms (%.2f): d2h %.0f%% (%.0f%%), h2d %.0f%% (%.0f%%)", p.Part, p.MS, q.MS, p.D2H*100, q.D2H*100, p.H2D*100, q.H2D*100)
+	}
+}

@@ -971,3 +971,20 @@ func TestPlanHostBudget(t *testing.T) {
 	assert.Contains(t, errb.String(), "the host budget binds before the device limit")
 	require.Equal(t, 2, runMain([]string{"plan", "--trace", bundled, "--limit", "80%", "--host-budget", "-1GiB"}, &out, &errb))
 }
+
+// TestWriteParts: the link by part of the step, alone (plan) and with the
+// simulation's beside what ran (replay --timeline); a simulation of other
+// parts is left out.
+func TestWriteParts(t *testing.T) {
+	ran := []simulate.PartBusy{{Part: trace.PartForward, MS: 7, D2H: 0.81, H2D: 0.02}, {Part: trace.PartBackward, MS: 11.69, H2D: 0.64}}
+	sim := []simulate.PartBusy{{Part: trace.PartForward, MS: 6.4, D2H: 0.88}, {Part: trace.PartBackward, MS: 11.14, H2D: 0.51}}
+	var b strings.Builder
+	writeParts(&b, ran, nil)
+	assert.Equal(t, "forward 7.00 ms: d2h 81%, h2d 2%, backward 11.69 ms: d2h 0%, h2d 64%", b.String())
+	b.Reset()
+	writeParts(&b, ran, sim)
+	assert.Equal(t, "forward 7.00 ms (6.40): d2h 81% (88%), h2d 2% (0%), backward 11.69 ms (11.14): d2h 0% (0%), h2d 64% (51%)", b.String())
+	b.Reset()
+	writeParts(&b, ran, sim[:1])
+	assert.NotContains(t, b.String(), "(")
+}

@@ -395,23 +395,12 @@ func printLinkParts(w io.Writer, its []replay.IterationReport) {
 		if len(x.LinkParts) == 0 {
 			continue
 		}
-		sim := len(x.LinkPartsSimulated) == len(x.LinkParts)
 		fmt.Fprintf(w, "link busy by part, round %d iteration %d (%s), measured", x.Round, x.Iter, x.Stage)
-		if sim {
+		if len(x.LinkPartsSimulated) == len(x.LinkParts) {
 			fmt.Fprint(w, " (simulated)")
 		}
-		for j, p := range x.LinkParts {
-			sep := ", "
-			if j == 0 {
-				sep = ": "
-			}
-			if sim {
-				q := x.LinkPartsSimulated[j]
-				fmt.Fprintf(w, "%s%s %.2f ms (%.2f): d2h %.0f%% (%.0f%%), h2d %.0f%% (%.0f%%)", sep, p.Part, p.MS, q.MS, p.D2H*100, q.D2H*100, p.H2D*100, q.H2D*100)
-			} else {
-				fmt.Fprintf(w, "%s%s %.2f ms: d2h %.0f%%, h2d %.0f%%", sep, p.Part, p.MS, p.D2H*100, p.H2D*100)
-			}
-		}
+		fmt.Fprint(w, ": ")
+		writeParts(w, x.LinkParts, x.LinkPartsSimulated)
 		fmt.Fprintln(w)
 		return
 	}
