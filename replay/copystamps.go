@@ -233,20 +233,18 @@ func busyWithin(sp []CopySpan, toHost bool, from, to float64) float64 {
 func linkOf(sp []CopySpan, toHost bool) *LinkFigures {
 	var f LinkFigures
 	var sum float64
-	reach := math.Inf(-1)
-	for _, s := range sp { // by start
+	for _, s := range sp {
 		if s.Recompute || s.ToHost != toHost {
 			continue
 		}
 		f.Copies++
 		f.Bytes += s.Bytes
 		sum += s.EndUS - s.StartUS
-		f.BusyMS += max(s.EndUS-max(s.StartUS, reach), 0) / 1e3
-		reach = max(reach, s.EndUS)
 	}
 	if f.Copies == 0 {
 		return nil
 	}
+	f.BusyMS = busyWithin(sp, toHost, math.Inf(-1), math.Inf(1)) / 1e3
 	if sum > 0 {
 		f.GBps = float64(f.Bytes) / sum / 1e3
 	}

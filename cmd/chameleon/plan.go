@@ -213,8 +213,8 @@ type planReport struct {
 	UtilD2H         float64 `json:"link_util_d2h"`
 	UtilH2D         float64 `json:"link_util_h2d"`
 	// LinkParts is the same by part of the step (trace.StepParts,
-	// simulate.Result.PartsBusy): where the
-	// link in one direction is full and the other idle.
+	// simulate.Result.PartsBusy): where the link in one direction is full
+	// and the other idle.
 	LinkParts []simulate.PartBusy `json:"link_util_by_part,omitempty"`
 	// Waits is the time ops waited for copies on the simulated timeline,
 	// by what they waited for (simulate.Result's WaitStartUS, WaitOutUS,
