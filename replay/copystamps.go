@@ -200,7 +200,8 @@ func copySpans(cs []CopyStamp, t0 int64) []CopySpan {
 // partsOf is how busy each direction of the link was over each part of a
 // stamped iteration (trace.StepParts; sp its ops, cp its copies), split as
 // simulate.PartsOver splits the simulated step, the last part ending with
-// the last kernel; copies that overlap count once.
+// the last kernel; copies that overlap count once. A part's wait is its
+// device stalls less the recomputes run in them (waitedWithin).
 func partsOf(parts []trace.Part, sp []OpSpan, cp []CopySpan) []simulate.PartBusy {
 	if len(parts) == 0 || len(sp) == 0 || parts[len(parts)-1].Last >= len(sp) {
 		return nil
@@ -208,7 +209,37 @@ func partsOf(parts []trace.Part, sp []OpSpan, cp []CopySpan) []simulate.PartBusy
 	return simulate.PartsOver(parts, func(op int) float64 { return sp[op].StartUS }, sp[len(sp)-1].EndUS,
 		func(from, to float64) (float64, float64) {
 			return busyWithin(cp, true, from, to), busyWithin(cp, false, from, to)
-		})
+		},
+		func(from, to float64) float64 { return waitedWithin(sp, cp, from, to) })
+}
+
+// waitedWithin is the time, µs, within [from, to) that the device stood
+// idle with the next op's kernel queued (each op's DeviceStallUS, which
+// ends at its start), less the time recomputes (cp's) ran in those
+// stretches: what the simulation counts as waits for copies. The host's
+// stalls are not counted.
+func waitedWithin(sp []OpSpan, cp []CopySpan, from, to float64) float64 {
+	var rcs []CopySpan
+	for _, c := range cp {
+		if c.Recompute && c.EndUS > from && c.StartUS < to {
+			rcs = append(rcs, c)
+		}
+	}
+	var w float64
+	for _, s := range sp {
+		if s.DeviceStallUS <= 0 {
+			continue
+		}
+		lo, hi := max(s.StartUS-s.DeviceStallUS, from), min(s.StartUS, to)
+		if hi <= lo {
+			continue
+		}
+		w += hi - lo
+		for _, c := range rcs {
+			w -= max(0, min(c.EndUS, hi)-max(c.StartUS, lo))
+		}
+	}
+	return max(w, 0)
 }
 
 // busyWithin is the time, µs, within [from, to) that copies one way (sp by

@@ -4,6 +4,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon/trace"
 )
 
 // TestSpansSplitIdleTimeByCause: the clocks line up on the first kernel; a
@@ -38,6 +41,31 @@ func TestSpansSplitIdleTimeByCause(t *testing.T) {
 	assert.InDelta(t, (55+295)/1e3, ir.HostStallMS, 1e-9)
 	assert.InDelta(t, (50+95)/1e3, ir.DeviceStallMS, 1e-9)
 	assert.Equal(t, []Stall{{Op: 4, Name: "e", MS: 0.39, OnHost: true}, {Op: 2, Name: "c", MS: 0.055, OnHost: true}}, ir.WorstStalls)
+}
+
+// TestWaitedWithinCountsTheDevicesStalls: of the same spans, a part's wait
+// is the device's stalls in it (the host's are not waits for copies), cut
+// at the part's edges, less a recompute run in a stall.
+func TestWaitedWithinCountsTheDevicesStalls(t *testing.T) {
+	sp := []OpSpan{
+		{Op: 0, StartUS: 0, EndUS: 100},
+		{Op: 1, StartUS: 150, EndUS: 200, DeviceStallUS: 50},
+		{Op: 2, StartUS: 300, EndUS: 310, HostStallUS: 60, DeviceStallUS: 40},
+		{Op: 3, StartUS: 400, EndUS: 410, HostStallUS: 90},
+	}
+	// A recompute ran from 110 to 130 us, in op 1's stall; a copy out
+	// from 100 to 300 us, which is no compute.
+	cp := []CopySpan{{Recompute: true, Op: 0, StartUS: 110, EndUS: 130}, {ToHost: true, Bytes: 1, StartUS: 100, EndUS: 300}}
+	assert.InDelta(t, 30+40, waitedWithin(sp, cp, 0, 410), 1e-9)
+	assert.InDelta(t, 30, waitedWithin(sp, cp, 0, 150), 1e-9)
+	assert.InDelta(t, 20+20, waitedWithin(sp, cp, 120, 280), 1e-9, "cut at both ends")
+	assert.Zero(t, waitedWithin(sp, cp, 310, 410), "the host's stall")
+	parts := partsOf([]trace.Part{{Name: trace.PartForward, First: 0, Last: 1}, {Name: trace.PartBackward, First: 2, Last: 3}}, sp, cp)
+	require.Len(t, parts, 2)
+	assert.InDelta(t, 0.03+0.04, parts[0].WaitMS, 1e-12, "op 2's stall ends at its start: in the forward")
+	assert.Zero(t, parts[1].WaitMS)
+	assert.InDelta(t, 0.3, parts[0].MS, 1e-12)
+	assert.InDelta(t, 0.2/0.3, parts[0].D2H, 1e-12)
 }
 
 // TestPageAtScale: the host's page at a scale is CUDA's page for the

@@ -99,7 +99,7 @@ func TestTimelineStampsCopies(t *testing.T) {
 			// iteration's.
 			require.NotEmpty(t, x.LinkParts, "iteration %d", i)
 			require.Len(t, x.LinkPartsSimulated, len(x.LinkParts), "iteration %d", i)
-			var d2h float64
+			var d2h, waited float64
 			for j, p := range x.LinkParts {
 				assert.Equal(t, p.Part, x.LinkPartsSimulated[j].Part)
 				assert.Positive(t, p.MS, "iteration %d %s", i, p.Part)
@@ -107,7 +107,12 @@ func TestTimelineStampsCopies(t *testing.T) {
 					assert.InDelta(t, 0.5, v, 0.5+1e-9, "iteration %d %s", i, p.Part)
 				}
 				d2h += p.D2H * p.MS
+				for _, w := range []float64{p.WaitMS, x.LinkPartsSimulated[j].WaitMS} {
+					assert.InDelta(t, p.MS/2, w, p.MS/2+1e-9, "iteration %d %s: a wait within the part", i, p.Part)
+				}
+				waited += p.WaitMS
 			}
+			assert.LessOrEqual(t, waited, x.DeviceStallMS+1e-6, "iteration %d: waits are the device's stalls", i)
 			assert.Equal(t, trace.PartForward, x.LinkParts[0].Part)
 			assert.Positive(t, d2h, "iteration %d: the copies out ran in its parts", i)
 			assert.LessOrEqual(t, d2h, x.D2H.BusyMS+1e-6, "iteration %d", i)

@@ -521,32 +521,48 @@ func (r *Result) LinkBusy(from, to float64) (d2h, h2d float64) {
 }
 
 // PartBusy is how busy each direction of the link is over one part of a
-// step: the part's length and the share of it each copy engine is busy.
+// step: the part's length, the share of it each copy engine is busy, and
+// how long compute stood waiting for copies in it (WaitMS).
 type PartBusy struct {
-	Part string  `json:"part"`
-	MS   float64 `json:"ms"`
-	D2H  float64 `json:"d2h"`
-	H2D  float64 `json:"h2d"`
+	Part   string  `json:"part"`
+	MS     float64 `json:"ms"`
+	D2H    float64 `json:"d2h"`
+	H2D    float64 `json:"h2d"`
+	WaitMS float64 `json:"wait_ms"`
 }
 
 // PartsBusy is LinkBusy over each part of r's step (trace.StepParts of its
-// ops), as PartsOver counts them; nil when parts do not index r's ops.
+// ops), with the ops' waits (Waited), as PartsOver counts them; nil when
+// parts do not index r's ops.
 func (r *Result) PartsBusy(parts []trace.Part) []PartBusy {
 	if len(parts) == 0 || parts[len(parts)-1].Last >= len(r.Ops) {
 		return nil
 	}
-	return PartsOver(parts, func(op int) float64 { return r.Ops[op].Start }, r.IterationUS, r.LinkBusy)
+	return PartsOver(parts, func(op int) float64 { return r.Ops[op].Start }, r.IterationUS, r.LinkBusy, r.Waited)
+}
+
+// Waited is the time, µs, within [from, to) that compute stood waiting for
+// copies: each op's Stall, which ends at its start.
+func (r *Result) Waited(from, to float64) float64 {
+	var w float64
+	for _, o := range r.Ops {
+		if o.Stall > 0 {
+			w += max(0, min(o.Start, to)-max(o.Start-o.Stall, from))
+		}
+	}
+	return w
 }
 
 // PartsOver is how busy each direction of the link is over each part of a
 // step whose op op starts at start(op) and which ends at end, busy giving
-// the time each direction is busy within a stretch: a part runs from its
+// the time each direction is busy within a stretch and wait the time
+// compute waited for copies in it (nil: not known): a part runs from its
 // first op's start (0 for the first part) to the next part's first op's
 // start (end for the last), so a wait before an op counts in the part
 // before it. A part that takes no time (profiler marks) is left out. The
 // simulated step (PartsBusy) and a measured one (replay's timeline) are
 // split the same way.
-func PartsOver(parts []trace.Part, start func(op int) float64, end float64, busy func(from, to float64) (d2h, h2d float64)) []PartBusy {
+func PartsOver(parts []trace.Part, start func(op int) float64, end float64, busy func(from, to float64) (d2h, h2d float64), wait func(from, to float64) float64) []PartBusy {
 	var out []PartBusy
 	for k, p := range parts {
 		from, to := start(p.First), end
@@ -560,7 +576,11 @@ func PartsOver(parts []trace.Part, start func(op int) float64, end float64, busy
 			continue
 		}
 		d, h := busy(from, to)
-		out = append(out, PartBusy{Part: p.Name, MS: (to - from) / 1000, D2H: d / (to - from), H2D: h / (to - from)})
+		pb := PartBusy{Part: p.Name, MS: (to - from) / 1000, D2H: d / (to - from), H2D: h / (to - from)}
+		if wait != nil {
+			pb.WaitMS = wait(from, to) / 1000
+		}
+		out = append(out, pb)
 	}
 	return out
 }

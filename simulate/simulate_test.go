@@ -442,6 +442,17 @@ func TestWrapFreedInNextIteration(t *testing.T) {
 	assert.InDelta(t, 900, r.StallUS, 1e-6)
 	assert.InDelta(t, 900, r.Ops[1].Stall, 1e-6)
 	assert.Zero(t, r.Ops[0].Stall)
+	// The wait, from 100 to 1000 us, ends at op 1's start: in the part
+	// before it where op 1 begins the next, and split where a stretch
+	// cuts it.
+	assert.InDelta(t, 900, r.Waited(0, r.IterationUS), 1e-6)
+	assert.InDelta(t, 400, r.Waited(600, 2000), 1e-6)
+	assert.Zero(t, r.Waited(1000, r.IterationUS))
+	parts = r.PartsBusy([]trace.Part{{Name: trace.PartForward, First: 0, Last: 0}, {Name: trace.PartBackward, First: 1, Last: 4}})
+	require.Len(t, parts, 2)
+	assert.InDelta(t, 0.9, parts[0].WaitMS, 1e-9, "waited before op 1: in the forward")
+	assert.Zero(t, parts[1].WaitMS)
+	assert.InDelta(t, 1.0, parts[0].MS, 1e-9)
 }
 
 // TestWriteBack: a swap whose copy out is a write-back (Early) copies

@@ -676,18 +676,20 @@ func printPlan(w io.Writer, r *planReport) {
 func fmtBytes(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
 
 // writeParts writes how busy each direction of the link is over each part
-// of a step, "forward 74.86 ms: d2h 98%, h2d 27%, backward ...", with in
+// of a step and how long compute waited for copies in it, "forward 74.86
+// ms, waiting 8.15 ms: d2h 98%, h2d 27%; backward ...", with in
 // parentheses the same of sim where it has as many parts (nil: none).
 func writeParts(w io.Writer, ps, sim []simulate.PartBusy) {
 	for j, p := range ps {
 		if j > 0 {
-			fmt.Fprint(w, ", ")
+			fmt.Fprint(w, "; ")
 		}
 		if len(sim) != len(ps) {
-			fmt.Fprintf(w, "%s %.2f ms: d2h %.0f%%, h2d %.0f%%", p.Part, p.MS, p.D2H*100, p.H2D*100)
+			fmt.Fprintf(w, "%s %.2f ms, waiting %.2f ms: d2h %.0f%%, h2d %.0f%%", p.Part, p.MS, p.WaitMS, p.D2H*100, p.H2D*100)
 			continue
 		}
 		q := sim[j]
-		fmt.Fprintf(w, "%s %.2f ms (%.2f): d2h %.0f%% (%.0f%%), h2d %.0f%% (%.0f%%)", p.Part, p.MS, q.MS, p.D2H*100, q.D2H*100, p.H2D*100, q.H2D*100)
+		fmt.Fprintf(w, "%s %.2f ms (%.2f), waiting %.2f ms (%.2f): d2h %.0f%% (%.0f%%), h2d %.0f%% (%.0f%%)",
+			p.Part, p.MS, q.MS, p.WaitMS, q.WaitMS, p.D2H*100, q.D2H*100, p.H2D*100, q.H2D*100)
 	}
 }

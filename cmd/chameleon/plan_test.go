@@ -519,6 +519,11 @@ func TestPlanRecomputeOutputs(t *testing.T) {
 		D2H        float64              `json:"link_util_d2h"`
 		H2D        float64              `json:"link_util_h2d"`
 		Parts      []simulate.PartBusy  `json:"link_util_by_part"`
+		Waits      struct {
+			StepStart  float64 `json:"step_start"`
+			CopiesOut  float64 `json:"copies_out"`
+			CopiesBack float64 `json:"copies_back"`
+		} `json:"waits_ms"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	require.NotEmpty(t, rep.Recomputes)
@@ -532,14 +537,17 @@ func TestPlanRecomputeOutputs(t *testing.T) {
 	// backward) cover it, and the link's busy time over them is its busy
 	// time over the step.
 	var parts []string
-	var ms, d2h, h2d float64
+	var ms, d2h, h2d, wait float64
 	for _, p := range rep.Parts {
 		parts = append(parts, p.Part)
-		ms, d2h, h2d = ms+p.MS, d2h+p.MS*p.D2H, h2d+p.MS*p.H2D
+		ms, d2h, h2d, wait = ms+p.MS, d2h+p.MS*p.D2H, h2d+p.MS*p.H2D, wait+p.WaitMS
 		assert.InDelta(t, 0.5, p.D2H, 0.5+1e-9, p.Part)
 		assert.InDelta(t, 0.5, p.H2D, 0.5+1e-9, p.Part)
+		assert.InDelta(t, p.MS/2, p.WaitMS, p.MS/2+1e-9, p.Part)
 	}
 	assert.Equal(t, []string{"forward", "backward", "after the backward"}, parts)
+	assert.Positive(t, wait, "the plan waits for copies somewhere")
+	assert.InDelta(t, rep.Waits.StepStart+rep.Waits.CopiesOut+rep.Waits.CopiesBack, wait, 1e-6, "the waits by part are the step's")
 	assert.InDelta(t, rep.MS, ms, 1e-6)
 	assert.InDelta(t, rep.D2H*rep.MS, d2h, 1e-6)
 	assert.InDelta(t, rep.H2D*rep.MS, h2d, 1e-6)
@@ -976,14 +984,14 @@ func TestPlanHostBudget(t *testing.T) {
 // simulation's beside what ran (replay --timeline); a simulation of other
 // parts is left out.
 func TestWriteParts(t *testing.T) {
-	ran := []simulate.PartBusy{{Part: trace.PartForward, MS: 7, D2H: 0.81, H2D: 0.02}, {Part: trace.PartBackward, MS: 11.69, H2D: 0.64}}
-	sim := []simulate.PartBusy{{Part: trace.PartForward, MS: 6.4, D2H: 0.88}, {Part: trace.PartBackward, MS: 11.14, H2D: 0.51}}
+	ran := []simulate.PartBusy{{Part: trace.PartForward, MS: 7, D2H: 0.81, H2D: 0.02, WaitMS: 0.5}, {Part: trace.PartBackward, MS: 11.69, H2D: 0.64, WaitMS: 2.25}}
+	sim := []simulate.PartBusy{{Part: trace.PartForward, MS: 6.4, D2H: 0.88}, {Part: trace.PartBackward, MS: 11.14, H2D: 0.51, WaitMS: 1.5}}
 	var b strings.Builder
 	writeParts(&b, ran, nil)
-	assert.Equal(t, "forward 7.00 ms: d2h 81%, h2d 2%, backward 11.69 ms: d2h 0%, h2d 64%", b.String())
+	assert.Equal(t, "forward 7.00 ms, waiting 0.50 ms: d2h 81%, h2d 2%; backward 11.69 ms, waiting 2.25 ms: d2h 0%, h2d 64%", b.String())
 	b.Reset()
 	writeParts(&b, ran, sim)
-	assert.Equal(t, "forward 7.00 ms (6.40): d2h 81% (88%), h2d 2% (0%), backward 11.69 ms (11.14): d2h 0% (0%), h2d 64% (51%)", b.String())
+	assert.Equal(t, "forward 7.00 ms (6.40), waiting 0.50 ms (0.00): d2h 81% (88%), h2d 2% (0%); backward 11.69 ms (11.14), waiting 2.25 ms (1.50): d2h 0% (0%), h2d 64% (51%)", b.String())
 	b.Reset()
 	writeParts(&b, ran, sim[:1])
 	assert.NotContains(t, b.String(), "(")
