@@ -33,7 +33,7 @@ func TestFitOpsHoldsBackThePartialPage(t *testing.T) {
 		asked = held
 		return nil, mre.ErrInfeasible
 	}
-	_, err := r.fitOps(config{}, page, budget, planAt)
+	_, err := r.fitOps(config{}, page, budget, planAt, nil)
 	require.NoError(t, err)
 	require.NotNil(t, asked, "a plan holding back the block's bytes was asked for")
 	for op, h := range asked {
