@@ -486,10 +486,10 @@ func (r *Result) fitOps(cfg config, page, budget int64, planAt func(int64, []int
 	return best, nil
 }
 
-// movedIfFits makes r the plan rt moves where that one's blocks fit and r's
-// do not, or it runs faster; r stays as planned otherwise, so that where no
-// plan fits the tries compare by what they need as planned (rt nil: no
-// move).
+// movedIfFits makes r the plan rt moves it to where that plan's blocks fit
+// (rt keeps a move only where it runs faster); otherwise r stays as
+// planned, so that where no plan fits the tries compare by what they need
+// as planned (rt nil: no move).
 func movedIfFits(r *Result, rt func(*Result) error) error {
 	if rt == nil {
 		return nil
@@ -524,10 +524,9 @@ func better(x, y *Result) bool {
 // until they are a two-hundredth of the budget apart or layoutTries plans
 // have been made. A limit the planner cannot meet counts as one that does
 // not fit from below. Each plan is moved by rt first where the moved one
-// fits (movedIfFits).
-// It returns the fastest plan that fits (moved, a lower limit can run
-// faster than a higher one) or, when none does, the one that needs the
-// least over the budget.
+// fits (movedIfFits). It returns the fastest plan that fits (moved, a
+// lower limit can run faster than a higher one) or, when none does, the
+// one that needs the least over the budget.
 func (r *Result) fitLower(cfg config, page, budget int64, planAt func(int64, []int64) (*mre.Policy, error), rt func(*Result) error) (Result, error) {
 	best := *r
 	step := budget / 200
