@@ -220,7 +220,7 @@ func (e *Engine) Simulation() *Simulation {
 	}
 	r := *p.exec
 	r.Ops, r.Out, r.In = slices.Clone(r.Ops), slices.Clone(r.Out), slices.Clone(r.In)
-	r.Freed, r.Recomputed = slices.Clone(r.Freed), slices.Clone(r.Recomputed)
+	r.Freed, r.Recomputed, r.SwapWaitUS = slices.Clone(r.Freed), slices.Clone(r.Recomputed), slices.Clone(r.SwapWaitUS)
 	rcs := slices.Clone(p.recomputes)
 	for i := range rcs {
 		rcs[i].Remade = slices.Clone(rcs[i].Remade)

@@ -483,6 +483,11 @@ type Result struct {
 	// for copies out to end before their memory counts free (WaitOutUS),
 	// and for copies back to end before their use (WaitInUS).
 	WaitStartUS, WaitOutUS, WaitInUS float64
+	// SwapWaitUS is, per swap (indexed like Input.Swaps), the time ops
+	// waited for its copies: the three waits above by the swap that held
+	// them (an op that waits for two copies waits for the one that ends
+	// last, after the first). They sum to StallUS.
+	SwapWaitUS []float64
 	// Recomputed is, per recompute (indexed like Input.Recomputes), when it
 	// ran on the compute stream.
 	Recomputed []Span
@@ -755,6 +760,7 @@ func newResult(in Input) *Result {
 		Out:        make([]Transfer, len(in.Swaps)),
 		In:         make([]Transfer, len(in.Swaps)),
 		Freed:      make([]int, len(in.Swaps)),
+		SwapWaitUS: make([]float64, len(in.Swaps)),
 		Recomputed: make([]Span, len(in.Recomputes)),
 	}
 	for k := range r.Out {
@@ -999,8 +1005,11 @@ func (s *sim) advance(t float64) {
 }
 
 // wait runs the engines until swap k's flag (outDone or inDone) is set; an
-// error wrapping ErrInvalid when both engines go idle first.
+// error wrapping ErrInvalid when both engines go idle first. The time it
+// runs counts to the swap (SwapWaitUS).
 func (s *sim) wait(k int, flag []bool) error {
+	from := s.now
+	defer func() { s.r.SwapWaitUS[k] += s.now - from }()
 	for !flag[k] {
 		if !s.step(math.Inf(1)) && !s.d2h.busy && !s.h2d.busy {
 			return fmt.Errorf("simulate: swap %d (tensor %d) never completes: %w", k, s.in.Swaps[k].Tensor, ErrInvalid)

@@ -60,6 +60,25 @@ func TestUseWaits(t *testing.T) {
 	assert.InDelta(t, 900, r.WaitInUS, 1e-6)
 	assert.Zero(t, r.WaitStartUS)
 	assert.InDelta(t, r.StallUS, r.WaitOutUS+r.WaitInUS, 1e-6)
+	assert.InDelta(t, 1900, r.SwapWaitUS[0], 1e-6, "both waits are for the one swap's copies")
+}
+
+// Where an op waits for two copies, each swap is charged the time until
+// its own copy ends, after the other's where that ends first; the charges
+// sum to the stall.
+func TestSwapWaitsSplitBySwap(t *testing.T) {
+	a := Swap{Bytes: 55e6, Out: 0, Free: 1, In: 3, Use: 4}
+	b := Swap{Bytes: 110e6, Out: 0, Free: 1, In: 3, Use: 4}
+	r, err := Run(Input{OpTimes: []float64{2000, 100, 100, 100, 100}, Swaps: []Swap{a, b}, Link: H200()})
+	require.NoError(t, err)
+	require.Len(t, r.SwapWaitUS, 2)
+	// Op 1 waits for both copies out (1000 and 2000 us, one after the
+	// other from 2000), op 4 for both copies back (issued at op 3).
+	assert.InDelta(t, 3000, r.Ops[1].Stall, 1e-6)
+	assert.InDelta(t, r.StallUS, r.SwapWaitUS[0]+r.SwapWaitUS[1], 1e-6)
+	assert.InDelta(t, r.WaitOutUS+r.WaitInUS, r.StallUS, 1e-6)
+	assert.Positive(t, r.SwapWaitUS[0])
+	assert.Greater(t, r.SwapWaitUS[1], r.SwapWaitUS[0], "the larger copy ends last and is charged the longer wait")
 }
 
 func TestCongestion(t *testing.T) {

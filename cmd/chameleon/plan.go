@@ -219,8 +219,12 @@ type planReport struct {
 	// Waits is the time ops waited for copies on the simulated timeline,
 	// by what they waited for (simulate.Result's WaitStartUS, WaitOutUS,
 	// WaitInUS).
-	Waits *waits          `json:"waits_ms,omitempty"`
-	Swaps []simulate.Swap `json:"swaps"`
+	Waits *waits `json:"waits_ms,omitempty"`
+	// WaitsByKind is the same time by the kind of the tensor whose copy
+	// the ops waited for (simulate.Result.SwapWaitUS); absent when no plan
+	// was made.
+	WaitsByKind *kindMS         `json:"waits_by_kind_ms,omitempty"`
+	Swaps       []simulate.Swap `json:"swaps"`
 	// LargestSwaps are the 10 largest swaps, largest first, with the op
 	// that makes each tensor; PeakBreakdown the peak before and after the
 	// plan by tensor kind. Both absent when no plan was made.
@@ -605,6 +609,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.PeakBreakdown = &bd
 	tr := trafficOf(res.Model, pol)
 	rep.Traffic = &tr
+	wk := waitsOf(res.Model, pol)
+	rep.WaitsByKind = &wk
 	rep.before = res.Curve
 	return rep, nil
 }

@@ -46,20 +46,26 @@ type peakBreakdown struct {
 	Other int64 `json:"other"`
 }
 
-// KindBytes is bytes split by tensor kind. Gradients are the activations
-// an optimizer step reads as such (trace.Gradients); a trace does not mark
-// them.
-type KindBytes struct {
-	Params      int64 `json:"params"`
-	OptState    int64 `json:"optimizer_state"`
-	Activations int64 `json:"activations"`
-	Gradients   int64 `json:"gradients"`
-	Inputs      int64 `json:"inputs"`
+// byKind is a quantity split by tensor kind. Gradients are the
+// activations an optimizer step reads as such (trace.Gradients); a trace
+// does not mark them.
+type byKind[T int64 | float64] struct {
+	Params      T `json:"params"`
+	OptState    T `json:"optimizer_state"`
+	Activations T `json:"activations"`
+	Gradients   T `json:"gradients"`
+	Inputs      T `json:"inputs"`
 }
 
-// add counts n bytes of a storage of kind (grad: an activation an
-// optimizer step reads as a gradient).
-func (k *KindBytes) add(kind trace.Kind, grad bool, n int64) {
+// KindBytes is bytes split by tensor kind.
+type KindBytes = byKind[int64]
+
+// kindMS is milliseconds split by tensor kind.
+type kindMS = byKind[float64]
+
+// add counts n of a storage of kind (grad: an activation an optimizer
+// step reads as a gradient).
+func (k *byKind[T]) add(kind trace.Kind, grad bool, n T) {
 	switch {
 	case kind == trace.KindParam:
 		k.Params += n
@@ -74,9 +80,19 @@ func (k *KindBytes) add(kind trace.Kind, grad bool, n int64) {
 	}
 }
 
-func (k KindBytes) String() string {
+// sum is the total over the kinds.
+func (k byKind[T]) sum() T { return k.Params + k.OptState + k.Activations + k.Gradients + k.Inputs }
+
+// bytesString writes bytes by kind for the text output.
+func bytesString(k KindBytes) string {
 	return fmt.Sprintf("params %s, optimizer state %s, activations %s, gradients %s, inputs %s",
 		fmtBytes(k.Params), fmtBytes(k.OptState), fmtBytes(k.Activations), fmtBytes(k.Gradients), fmtBytes(k.Inputs))
+}
+
+// msString writes milliseconds by kind for the text output.
+func msString(k kindMS) string {
+	return fmt.Sprintf("params %.2f ms, optimizer state %.2f ms, activations %.2f ms, gradients %.2f ms, inputs %.2f ms",
+		k.Params, k.OptState, k.Activations, k.Gradients, k.Inputs)
 }
 
 // trafficByKind is what a plan's swaps copy over the link in one step, by
@@ -101,6 +117,25 @@ func trafficOf(m *memory.Model, pol *mre.Policy) trafficByKind {
 		if !s.NoCopyOut {
 			r.Out.add(kind, grads[s.Tensor], s.Bytes)
 		}
+	}
+	return r
+}
+
+// waitsOf splits the time pol's simulated step waited for copies by the
+// kind of the tensor copied (simulate.Result.SwapWaitUS), in
+// milliseconds: where the step waits, optimizer state or activations.
+func waitsOf(m *memory.Model, pol *mre.Policy) kindMS {
+	var r kindMS
+	grads := trace.Gradients(m.Iter)
+	for x, s := range pol.Swaps {
+		if x >= len(pol.Sim.SwapWaitUS) {
+			break
+		}
+		kind := trace.KindActivation
+		if t := m.Iter.Tensor(s.Tensor); t != nil {
+			kind = t.Kind
+		}
+		r.add(kind, grads[s.Tensor], pol.Sim.SwapWaitUS[x]/1000)
 	}
 	return r
 }
@@ -224,8 +259,11 @@ func printSwapsAndBreakdown(w io.Writer, r *planReport) {
 		fmt.Fprintf(w, "peak after:  %s\n", r.PeakBreakdown.After)
 	}
 	if r.Traffic != nil {
-		fmt.Fprintf(w, "copied in a step, by kind:  %s\n", r.Traffic.In)
-		fmt.Fprintf(w, "copied out a step, by kind: %s\n", r.Traffic.Out)
+		fmt.Fprintf(w, "copied in a step, by kind:  %s\n", bytesString(r.Traffic.In))
+		fmt.Fprintf(w, "copied out a step, by kind: %s\n", bytesString(r.Traffic.Out))
+	}
+	if r.WaitsByKind != nil {
+		fmt.Fprintf(w, "waits for copies, by kind: %s\n", msString(*r.WaitsByKind))
 	}
 	if len(r.LargestSwaps) == 0 {
 		return
