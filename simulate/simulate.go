@@ -488,6 +488,12 @@ type Result struct {
 	// them (an op that waits for two copies waits for the one that ends
 	// last, after the first). They sum to StallUS.
 	SwapWaitUS []float64
+	// WaitQueuedUS is the part of StallUS during which none of the copies
+	// the waiting op needs was on the link: each engine runs one copy at
+	// a time and never stops one it has begun, so a needed copy can sit
+	// behind one the op does not need (or not be issued yet). The rest of
+	// StallUS some copy the op needs was moving.
+	WaitQueuedUS float64
 	// Recomputed is, per recompute (indexed like Input.Recomputes), when it
 	// ran on the compute stream.
 	Recomputed []Span
@@ -1064,6 +1070,7 @@ func (s *sim) recompute(t int) {
 // swaps whose memory it reuses and the copies back of those it uses.
 func (s *sim) waitFor(t int) error {
 	from := s.now
+	begin := from
 	for _, k := range s.waitBack[t] {
 		if err := s.wait(k, s.backDone); err != nil {
 			return err
@@ -1071,6 +1078,7 @@ func (s *sim) waitFor(t int) error {
 	}
 	s.r.WaitStartUS += s.now - from
 	from = s.now
+	started := from // the previous iteration's copies waited for are done
 	for _, k := range s.waitFree[t] {
 		if err := s.wait(k, s.outDone); err != nil {
 			return err
@@ -1084,7 +1092,38 @@ func (s *sim) waitFor(t int) error {
 		}
 	}
 	s.r.WaitInUS += s.now - from
+	if s.now > begin {
+		s.r.WaitQueuedUS += s.queued(t, begin, started)
+	}
 	return nil
+}
+
+// queued is the time from begin to now during which none of the copies op
+// t waited for was on the link: the previous iteration's copies it waited
+// for count as on the link until started, then each copy out it waited for
+// (waitFree) and copy back (waitUse) from its start to its end.
+func (s *sim) queued(t int, begin, started float64) float64 {
+	spans := []Span{{begin, started}}
+	add := func(tr Transfer) {
+		if !math.IsNaN(tr.Start) {
+			spans = append(spans, Span{max(tr.Start, begin), min(tr.End, s.now)})
+		}
+	}
+	for _, k := range s.waitFree[t] {
+		add(s.r.Out[k])
+	}
+	for _, k := range s.waitUse[t] {
+		add(s.r.In[k])
+	}
+	slices.SortFunc(spans, func(a, b Span) int { return cmp.Compare(a.Start, b.Start) })
+	on, reach := 0.0, begin
+	for _, sp := range spans {
+		if lo := max(sp.Start, reach); sp.End > lo {
+			on += sp.End - lo
+			reach = sp.End
+		}
+	}
+	return max(0, s.now-begin-on)
 }
 
 // compute runs op t on the compute stream from now, recording its start,

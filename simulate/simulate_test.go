@@ -61,6 +61,7 @@ func TestUseWaits(t *testing.T) {
 	assert.Zero(t, r.WaitStartUS)
 	assert.InDelta(t, r.StallUS, r.WaitOutUS+r.WaitInUS, 1e-6)
 	assert.InDelta(t, 1900, r.SwapWaitUS[0], 1e-6, "both waits are for the one swap's copies")
+	assert.Zero(t, r.WaitQueuedUS, "each copy started when the op began to wait for it")
 }
 
 // Where an op waits for two copies, each swap is charged the time until
@@ -79,6 +80,26 @@ func TestSwapWaitsSplitBySwap(t *testing.T) {
 	assert.InDelta(t, r.WaitOutUS+r.WaitInUS, r.StallUS, 1e-6)
 	assert.Positive(t, r.SwapWaitUS[0])
 	assert.Greater(t, r.SwapWaitUS[1], r.SwapWaitUS[0], "the larger copy ends last and is charged the longer wait")
+}
+
+// An op that waits for a copy out still queued behind a larger copy the
+// engine began first waits, for that stretch, with its copy off the link.
+func TestWaitQueuedBehindAnotherCopy(t *testing.T) {
+	x := Swap{Bytes: 110e6, Out: 0, Free: 4, In: 4, Use: 5} // 2000 us each way
+	y := Swap{Bytes: 55e6, Out: 1, Free: 2, In: 3, Use: 5}  // 1000 us
+	r, err := Run(Input{OpTimes: []float64{100, 100, 100, 100, 100, 100}, Swaps: []Swap{x, y}, Link: H200()})
+	require.NoError(t, err)
+	// X's copy out runs 100..2100; Y's, issued at 200 and needed by op 2,
+	// starts when X's ends: op 2 waits 200..3100, 1900 us of it queued.
+	// Y's copy back runs 3200..4200 and X's, issued at 3300, 4200..6200:
+	// op 5 waits 3400..6200 for both, and one of them is always on the
+	// link, so none of that wait is queued.
+	assert.InDelta(t, 2100, r.Out[1].Start, 1e-6)
+	assert.InDelta(t, 2900, r.Ops[2].Stall, 1e-6)
+	assert.InDelta(t, 4200, r.In[0].Start, 1e-6)
+	assert.InDelta(t, 2800, r.Ops[5].Stall, 1e-6)
+	assert.InDelta(t, 1900, r.WaitQueuedUS, 1e-6)
+	assert.InDelta(t, 5700, r.StallUS, 1e-6)
 }
 
 func TestCongestion(t *testing.T) {

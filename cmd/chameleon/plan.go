@@ -223,8 +223,13 @@ type planReport struct {
 	// WaitsByKind is the same time by the kind of the tensor whose copy
 	// the ops waited for (simulate.Result.SwapWaitUS); absent when no plan
 	// was made.
-	WaitsByKind *kindMS         `json:"waits_by_kind_ms,omitempty"`
-	Swaps       []simulate.Swap `json:"swaps"`
+	WaitsByKind *kindMS `json:"waits_by_kind_ms,omitempty"`
+	// WaitsQueuedMS is the part of those waits during which none of the
+	// copies the waiting op needs was on the link
+	// (simulate.Result.WaitQueuedUS): queued behind a copy it does not
+	// need, or not yet issued. Absent when no plan was made.
+	WaitsQueuedMS *float64        `json:"waits_queued_ms,omitempty"`
+	Swaps         []simulate.Swap `json:"swaps"`
 	// LargestSwaps are the 10 largest swaps, largest first, with the op
 	// that makes each tensor; PeakBreakdown the peak before and after the
 	// plan by tensor kind. Both absent when no plan was made.
@@ -577,6 +582,8 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.UtilD2H, rep.UtilH2D = pol.Sim.UtilD2H(), pol.Sim.UtilH2D()
 	rep.LinkParts = pol.Sim.PartsBusy(trace.StepParts(it.Ops))
 	rep.Waits = &waits{StepStart: pol.Sim.WaitStartUS / 1000, CopiesOut: pol.Sim.WaitOutUS / 1000, CopiesBack: pol.Sim.WaitInUS / 1000}
+	queued := pol.Sim.WaitQueuedUS / 1000
+	rep.WaitsQueuedMS = &queued
 	// Report op numbers as the trace's seq numbers.
 	seqOf := func(x int) int {
 		if n := len(it.Ops); x >= n { // a wrapping swap's copy out ends after the iteration
@@ -666,8 +673,12 @@ func printPlan(w io.Writer, r *planReport) {
 	}
 	fmt.Fprintln(w)
 	if wt := r.Waits; wt != nil {
-		fmt.Fprintf(w, "waits for copies: %.2f ms: %.2f ms for copies out to end before their memory counts free, %.2f ms for copies back, %.2f ms for the last step's copies out where the step takes their memory\n",
+		fmt.Fprintf(w, "waits for copies: %.2f ms: %.2f ms for copies out to end before their memory counts free, %.2f ms for copies back, %.2f ms for the last step's copies out where the step takes their memory",
 			wt.StepStart+wt.CopiesOut+wt.CopiesBack, wt.CopiesOut, wt.CopiesBack, wt.StepStart)
+		if q := r.WaitsQueuedMS; q != nil {
+			fmt.Fprintf(w, "; %.2f ms of it with none of the copies waited for on the link", *q)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "pinned host memory: the swaps hold %s at most", fmtBytes(r.HostPeakBytes))
 	if r.HostBudgetBytes > 0 {

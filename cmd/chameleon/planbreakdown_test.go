@@ -26,7 +26,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	assert.Regexp(t, `copied in a step, by kind:  params [\d.]+ GiB, optimizer state [\d.]+ GiB, activations [\d.]+ GiB, gradients [\d.]+ GiB, inputs [\d.]+ GiB`, text)
 	assert.Contains(t, text, "copied out a step, by kind: params ")
 	assert.Regexp(t, `waits for copies, by kind: params [\d.]+ ms, optimizer state [\d.]+ ms, activations [\d.]+ ms, gradients [\d.]+ ms, inputs [\d.]+ ms`, text)
-	assert.Regexp(t, `waits for copies: [\d.]+ ms: [\d.]+ ms for copies out to end before their memory counts free, [\d.]+ ms for copies back, [\d.]+ ms for the last step's copies out where the step takes their memory`, text)
+	assert.Regexp(t, `waits for copies: [\d.]+ ms: [\d.]+ ms for copies out to end before their memory counts free, [\d.]+ ms for copies back, [\d.]+ ms for the last step's copies out where the step takes their memory; [\d.]+ ms of it with none of the copies waited for on the link`, text)
 
 	dir := t.TempDir()
 	pf := filepath.Join(dir, "tl.json")
@@ -49,6 +49,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		RecMS    float64       `json:"recompute_ms"`
 		Waits    waits         `json:"waits_ms"`
 		ByKind   kindMS        `json:"waits_by_kind_ms"`
+		Queued   *float64      `json:"waits_queued_ms"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	require.Len(t, rep.LargestSwaps, min(10, len(rep.Swaps)))
@@ -79,6 +80,8 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	assert.Positive(t, w.CopiesBack)
 	assert.InDelta(t, rep.SimMS, rep.BaseMS+rep.RecMS+w.StepStart+w.CopiesOut+w.CopiesBack, 1e-6)
 	assert.InDelta(t, w.StepStart+w.CopiesOut+w.CopiesBack, rep.ByKind.sum(), 1e-6, "every wait is for a copy of some kind")
+	require.NotNil(t, rep.Queued)
+	assert.InDelta(t, (w.StepStart+w.CopiesOut+w.CopiesBack)/2, *rep.Queued, (w.StepStart+w.CopiesOut+w.CopiesBack)/2+1e-9, "queued is a part of the waits")
 	assert.Equal(t, rep.PeakBefore, rep.PeakBreakdown.Before.Bytes)
 	assert.Equal(t, rep.PeakAfter, rep.PeakBreakdown.After.Bytes)
 	assert.Less(t, rep.PeakBreakdown.After.Activations+rep.PeakBreakdown.After.Params,
