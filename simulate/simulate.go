@@ -1015,12 +1015,12 @@ func (s *sim) advance(t float64) {
 // runs counts to the swap (SwapWaitUS).
 func (s *sim) wait(k int, flag []bool) error {
 	from := s.now
-	defer func() { s.r.SwapWaitUS[k] += s.now - from }()
 	for !flag[k] {
 		if !s.step(math.Inf(1)) && !s.d2h.busy && !s.h2d.busy {
 			return fmt.Errorf("simulate: swap %d (tensor %d) never completes: %w", k, s.in.Swaps[k].Tensor, ErrInvalid)
 		}
 	}
+	s.r.SwapWaitUS[k] += s.now - from
 	return nil
 }
 

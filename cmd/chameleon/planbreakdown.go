@@ -109,10 +109,7 @@ func trafficOf(m *memory.Model, pol *mre.Policy) trafficByKind {
 	var r trafficByKind
 	grads := trace.Gradients(m.Iter)
 	for _, s := range pol.Swaps {
-		kind := trace.KindActivation
-		if t := m.Iter.Tensor(s.Tensor); t != nil {
-			kind = t.Kind
-		}
+		kind := kindOf(m.Iter, s.Tensor)
 		r.In.add(kind, grads[s.Tensor], s.Bytes)
 		if !s.NoCopyOut {
 			r.Out.add(kind, grads[s.Tensor], s.Bytes)
@@ -131,13 +128,18 @@ func waitsOf(m *memory.Model, pol *mre.Policy) kindMS {
 		if x >= len(pol.Sim.SwapWaitUS) {
 			break
 		}
-		kind := trace.KindActivation
-		if t := m.Iter.Tensor(s.Tensor); t != nil {
-			kind = t.Kind
-		}
-		r.add(kind, grads[s.Tensor], pol.Sim.SwapWaitUS[x]/1000)
+		r.add(kindOf(m.Iter, s.Tensor), grads[s.Tensor], pol.Sim.SwapWaitUS[x]/1000)
 	}
 	return r
+}
+
+// kindOf is the kind of tensor id of it, an activation where it does not
+// know the tensor.
+func kindOf(it *trace.Iteration, id trace.TensorID) trace.Kind {
+	if t := it.Tensor(id); t != nil {
+		return t.Kind
+	}
+	return trace.KindActivation
 }
 
 // peakBreakdowns is the breakdown at the peak before and after the plan.
