@@ -52,6 +52,22 @@ func Uniform(ops []trace.Op, n int) []Group {
 	return out
 }
 
+// Halved splits each forward and backward group of two ops or more into
+// two of equal op counts (the first the smaller by one where odd), and
+// keeps the others: as fine again as groups where a phase has the ops.
+func Halved(groups []Group) []Group {
+	out := make([]Group, 0, 2*len(groups))
+	for _, g := range groups {
+		if (g.Phase != trace.PhaseForward && g.Phase != trace.PhaseBackward) || g.Len() < 2 {
+			out = append(out, g)
+			continue
+		}
+		mid := g.First + g.Len()/2 - 1
+		out = append(out, Group{Phase: g.Phase, First: g.First, Last: mid}, Group{Phase: g.Phase, First: mid + 1, Last: g.Last})
+	}
+	return out
+}
+
 // GroupOf returns, for every op, the index of its group.
 func GroupOf(groups []Group, nops int) []int {
 	idx := make([]int, nops)

@@ -52,7 +52,10 @@ type config struct {
 	// must fit (0: the limit); noLayout turns it off.
 	page, budget int64
 	noLayout     bool
-	measured     []float64 // per op, µs (WithMeasured)
+	// oneGrouping: plan over the grouper's logical layers alone
+	// (WithOneGrouping), not also over each of them halved.
+	oneGrouping bool
+	measured    []float64 // per op, µs (WithMeasured)
 	// cancel, when set, stops planning between plans (WithCancel).
 	cancel context.Context
 }
@@ -183,6 +186,14 @@ func WithLayout(page, budget int64) Option {
 // WithoutLayout plans for the byte count alone: the plan's blocks are not
 // laid out, and nothing says they fit the limit as blocks.
 func WithoutLayout() Option { return optionFunc(func(c *config) { c.noLayout = true }) }
+
+// WithOneGrouping plans over the grouper's logical layers alone. By
+// default, with the package's own planner and simulator, Make also plans
+// over each of them halved (layer.Halved), side by side, and keeps the
+// better plan (Result.PlanGroups says which): the planner counts its
+// prefetch distance in these layers, and neither the finer nor the
+// coarser count is the faster on every trace and limit.
+func WithOneGrouping() Option { return optionFunc(func(c *config) { c.oneGrouping = true }) }
 
 // WithTiers sets the shares of the limit, in percent and increasing,
 // planned for in turn (default DefaultTiers: the limit alone), each then

@@ -156,6 +156,10 @@ type planReport struct {
 	Layout     *layoutReport `json:"layout,omitempty"`
 	Groups     int           `json:"groups"`
 	GroupsNote string        `json:"groups_note"`
+	// PlanGroups is the logical layers the plan kept counted its prefetch
+	// distances in: Groups, or each of them halved where that plan was
+	// the better (plan.Result.PlanGroups).
+	PlanGroups int `json:"plan_groups"`
 	// TimeBase is where the op times come from: "kernels" (--kernels, or
 	// the Kineto kernels of an Execution Trace), "recorded" (the trace's
 	// per-op durations, --estimator recorded) or "estimated".
@@ -525,6 +529,7 @@ func planIteration(name string, k int, in plan.Input, cfg planConfig) (*planRepo
 	rep.IterationMSBase = base / 1000
 	rep.plotTime = cfg.plotTime
 	rep.groups = res.Groups
+	rep.PlanGroups = len(res.PlanGroups)
 	rep.opMS = make([]float64, len(res.OpTimes)+1)
 	for t, d := range res.OpTimes {
 		rep.opMS[t+1] = rep.opMS[t] + d/1000
@@ -637,6 +642,9 @@ func printPlan(w io.Writer, r *planReport) {
 	fmt.Fprintf(w, "planned for %s (%.0f%% of the limit)", fmtBytes(r.PlannedBytes), 100*float64(r.PlannedBytes)/float64(r.LimitBytes))
 	if r.HeldOps > 0 {
 		fmt.Fprintf(w, ", less up to %s at %d of %d ops for the layout", fmtBytes(r.HeldBytes), r.HeldOps, r.Ops)
+	}
+	if r.PlanGroups != r.Groups {
+		fmt.Fprintf(w, "; prefetches counted over %d logical layers, each halved: faster than over %d", r.PlanGroups, r.Groups)
 	}
 	fmt.Fprintln(w)
 	if l := r.Layout; l != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,8 +51,17 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		Waits    waits         `json:"waits_ms"`
 		ByKind   kindMS        `json:"waits_by_kind_ms"`
 		Queued   *float64      `json:"waits_queued_ms"`
+		Groups   int           `json:"groups"`
+		PlanOver int           `json:"plan_groups"`
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	// The plan kept counted its prefetches over the logical layers or
+	// over each of them halved (the bundled trace's forward and backward
+	// have more than 32 ops each).
+	assert.Contains(t, []int{rep.Groups, 2*rep.Groups - 1}, rep.PlanOver)
+	if rep.PlanOver != rep.Groups {
+		assert.Contains(t, text, fmt.Sprintf("prefetches counted over %d logical layers, each halved", rep.PlanOver))
+	}
 	require.Len(t, rep.LargestSwaps, min(10, len(rep.Swaps)))
 	for i, s := range rep.LargestSwaps {
 		assert.Positive(t, s.Bytes)
