@@ -464,7 +464,11 @@ func appendPieces(out []Block, first Block, from, to int32, holes []hole) []Bloc
 				out = append(out, b)
 			}
 		}
-		if h.span.To > cur {
+		// An empty hole at cur (a swap whose copy back is issued at the
+		// op its memory counts free at, as a wrapping swap's issued at
+		// the iteration's first op) still begins the swap's block: its
+		// copy back is served at that block's place.
+		if h.span.To > cur || h.span.From == h.span.To && h.span.To == cur {
 			cur = h.span.To
 			b = Block{Size: first.Size, Tensor: first.Tensor, Kind: h.kind, Op: int(cur), Index: h.index}
 		}
