@@ -279,7 +279,9 @@ func deviceDefaults(dev device.Device) []plan.Option {
 
 // WithGroups sets the logical layers per forward and backward of the
 // default grouping (plan.Uniform; default plan.DefaultGroups, 32).
-// WithGrouper replaces the grouping itself.
+// WithGrouper replaces the grouping itself. The planner counts its
+// prefetch distances in these layers and, planning again over each of
+// them halved, keeps the better plan (plan.Make).
 func WithGroups(n int) Option { return optionFunc(func(c *config) { c.groups = n }) }
 
 // WithLinkBandwidth sets the host link's bandwidth each way, in bytes per

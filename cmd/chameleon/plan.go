@@ -644,7 +644,7 @@ func printPlan(w io.Writer, r *planReport) {
 		fmt.Fprintf(w, ", less up to %s at %d of %d ops for the layout", fmtBytes(r.HeldBytes), r.HeldOps, r.Ops)
 	}
 	if r.PlanGroups != r.Groups {
-		fmt.Fprintf(w, "; prefetches counted over %d logical layers, each halved: faster than over %d", r.PlanGroups, r.Groups)
+		fmt.Fprintf(w, "; prefetches counted over %d logical layers (the %d halved: the better plan)", r.PlanGroups, r.Groups)
 	}
 	fmt.Fprintln(w)
 	if l := r.Layout; l != nil {

@@ -60,7 +60,7 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 	// have more than 32 ops each).
 	assert.Contains(t, []int{rep.Groups, 2*rep.Groups - 1}, rep.PlanOver)
 	if rep.PlanOver != rep.Groups {
-		assert.Contains(t, text, fmt.Sprintf("prefetches counted over %d logical layers, each halved", rep.PlanOver))
+		assert.Contains(t, text, fmt.Sprintf("prefetches counted over %d logical layers (the %d halved", rep.PlanOver, rep.Groups))
 	}
 	require.Len(t, rep.LargestSwaps, min(10, len(rep.Swaps)))
 	for i, s := range rep.LargestSwaps {
