@@ -183,22 +183,32 @@ func Make(in Input, opts ...Option) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The ops that may run again, asked of the host once for both plans.
+	flags := sync.OnceValues(func() ([]bool, error) {
+		if cfg.recompute == nil {
+			return nil, nil
+		}
+		ok := cfg.recompute(in.Iter)
+		if len(ok) != len(in.Iter.Ops) {
+			return nil, fmt.Errorf("plan: recomputable flags for %d ops, want %d", len(ok), len(in.Iter.Ops))
+		}
+		return ok, nil
+	})
 	finer := layer.Halved(r.Groups)
 	if !cfg.ownStages || cfg.oneGrouping || len(finer) == len(r.Groups) {
-		return r, r.planWith(cfg, in, r.Groups)
+		return r, r.planWith(cfg, in, r.Groups, flags)
 	}
 	// The plan over the logical layers and the plan over each of them
-	// halved, side by side (the second unobserved); the better is kept
-	// (faster where both fit, else as better says).
+	// halved, side by side (the second unobserved); the better is kept.
 	a, b := *r, *r
 	quiet := cfg
 	quiet.observer = nil
 	var errA, errB error
 	var g sync.WaitGroup
-	g.Go(func() { errB = b.planWith(quiet, in, finer) })
-	errA = a.planWith(cfg, in, r.Groups)
+	g.Go(func() { errB = b.planWith(quiet, in, finer, flags) })
+	errA = a.planWith(cfg, in, r.Groups, flags)
 	g.Wait()
-	if errB == nil && (errA != nil || preferred(&b, &a)) {
+	if errB == nil && (errA != nil || better(&b, &a)) {
 		*r = b
 		return r, nil
 	}
@@ -206,22 +216,12 @@ func Make(in Input, opts ...Option) (*Result, error) {
 	return r, errA
 }
 
-// preferred reports whether the plan x is to be kept over y, both made
-// from the same iteration and limit: as better says where both are laid
-// out, else the faster.
-func preferred(x, y *Result) bool {
-	if x.Layout != nil && y.Layout != nil {
-		return better(x, y)
-	}
-	return x.Exec.IterationUS < y.Exec.IterationUS
-}
-
 // planWith plans r (prepared) with the planner's triggers counted in groups
 // (Result.PlanGroups): the tiers, the simulation, the layout and the
-// moves. It sets r's policy, or clears it and returns the error.
-func (r *Result) planWith(cfg config, in Input, groups []layer.Group) error {
+// moves, with the ops flags says may run again. It sets r's policy, or
+// clears it and returns the error.
+func (r *Result) planWith(cfg config, in Input, groups []layer.Group, flags func() ([]bool, error)) error {
 	r.PlanGroups = groups
-	var err error
 	done := cfg.observe(StagePlan)
 	popts := append(append([]mre.Option{mre.WithSimulator(cfg.sim.Simulate)}, cfg.planOpts...), mre.WithLink(cfg.link))
 	// The package's planner moves the copies that still wait (mre.Retime)
@@ -234,13 +234,10 @@ func (r *Result) planWith(cfg config, in Input, groups []layer.Group) error {
 	if retimeLater {
 		popts = append(slices.Clone(popts), mre.WithoutRetime())
 	}
-	var recomputable []bool
-	if cfg.recompute != nil {
-		if recomputable = cfg.recompute(in.Iter); len(recomputable) != len(in.Iter.Ops) {
-			err := fmt.Errorf("plan: recomputable flags for %d ops, want %d", len(recomputable), len(in.Iter.Ops))
-			done(r, err)
-			return err
-		}
+	recomputable, err := flags()
+	if err != nil {
+		done(r, err)
+		return err
 	}
 	tiers := cfg.tiers
 	if slices.Max(r.Curve) <= in.Limit && !in.Growing {
@@ -556,9 +553,12 @@ func movedIfFits(r *Result, rt func(*Result) error) error {
 }
 
 // better reports whether x is a better plan than y: it fits where y does
-// not, runs faster where both fit, needs less over the budget where
-// neither does.
+// not, runs faster where both fit (or where either is not laid out),
+// needs less over the budget where neither does.
 func better(x, y *Result) bool {
+	if x.Layout == nil || y.Layout == nil {
+		return x.Exec.IterationUS < y.Exec.IterationUS
+	}
 	switch xf, yf := x.Layout.Fits(), y.Layout.Fits(); {
 	case xf != yf:
 		return xf

@@ -77,10 +77,9 @@ func TestPlanLargestSwapsAndBreakdown(t *testing.T) {
 		assert.Positive(t, b.Params, name)
 		assert.Positive(t, b.Activations, name)
 	}
-	sum := func(k KindBytes) int64 { return k.Params + k.OptState + k.Activations + k.Gradients + k.Inputs }
 	assert.Positive(t, rep.BytesIn)
-	assert.Equal(t, rep.BytesIn, sum(rep.Traffic.In), "every byte copied in has a kind")
-	assert.Equal(t, rep.BytesOut, sum(rep.Traffic.Out), "every byte copied out has a kind")
+	assert.Equal(t, rep.BytesIn, rep.Traffic.In.sum(), "every byte copied in has a kind")
+	assert.Equal(t, rep.BytesOut, rep.Traffic.Out.sum(), "every byte copied out has a kind")
 	assert.Equal(t, rep.BytesIn-rep.BytesOut, rep.Released, "what comes in and does not go out leaves with no copy")
 	// The step is its ops, its recomputes and its waits; here it waits
 	// for copies back.
