@@ -82,23 +82,40 @@ func TestEngineSpans(t *testing.T) {
 	rep, _ := replaySmall(t, 0.85, 2, chameleon.WithTracerProvider(tp))
 	require.Zero(t, rep.FailedUses)
 	count := map[string]int{}
+	// Each of the two plans made side by side has its stages' spans,
+	// told apart by the layers it counted; choose names the one kept.
+	planned := map[int64]float64{} // plan_groups -> simulated iteration_us
+	var kept map[string]any
 	for _, s := range rec.Ended() {
 		count[s.Name()]++
-		if s.Name() == "chameleon.plan" {
-			attrs := map[string]any{}
-			for _, a := range s.Attributes() {
-				attrs[string(a.Key)] = a.Value.AsInterface()
-			}
+		attrs := map[string]any{}
+		for _, a := range s.Attributes() {
+			attrs[string(a.Key)] = a.Value.AsInterface()
+		}
+		switch s.Name() {
+		case "chameleon.plan":
 			assert.Positive(t, attrs["swaps"])
 			assert.Positive(t, attrs["bytes"])
+			assert.Positive(t, attrs["plan_groups"])
+		case "chameleon.layout":
+			planned[attrs["plan_groups"].(int64)] = 0
+		case "chameleon.choose":
+			kept = attrs
 		}
 	}
 	assert.Equal(t, 6, count["chameleon.execute"])
 	assert.Equal(t, 6, count["chameleon.encode"])
 	assert.Equal(t, 6, count["chameleon.detect"])
 	assert.Equal(t, 1, count["chameleon.group"])
-	assert.Equal(t, 1, count["chameleon.plan"])
-	assert.Equal(t, 1, count["chameleon.simulate"])
+	assert.Equal(t, 2, count["chameleon.plan"])
+	assert.Equal(t, 2, count["chameleon.simulate"])
+	assert.Equal(t, 2, count["chameleon.layout"])
+	require.Equal(t, 1, count["chameleon.choose"])
+	assert.Len(t, planned, 2, "the two plans count their prefetches over different layers")
+	assert.Contains(t, planned, kept["plan_groups"], "the plan kept is one of the two")
+	sim := rep.Engine.Simulation()
+	require.NotNil(t, sim)
+	assert.InDelta(t, sim.Result.IterationUS, kept["iteration_us"], 1e-6, "choose reports the simulated step of the plan in force")
 }
 
 func TestPolicyCacheSurvivesRestart(t *testing.T) {

@@ -347,10 +347,16 @@ func (e *Engine) bind(snap *planSnapshot, res *plan.Result, key policyKey) *poli
 }
 
 // spans makes an OpenTelemetry span of each planning stage, under ctx.
+// The stages of each of the two plans Make makes side by side carry the
+// count of logical layers that plan counted its prefetches over
+// (plan_groups); the choose span says which was kept.
 func (e *Engine) spans(ctx context.Context) plan.Observer {
 	return func(s plan.Stage) func(*plan.Result, error) {
 		_, span := e.tracer.Start(ctx, "chameleon."+string(s))
 		return func(r *plan.Result, err error) {
+			if s != plan.StageGroup && r != nil && len(r.PlanGroups) > 0 {
+				span.SetAttributes(attribute.Int("plan_groups", len(r.PlanGroups)))
+			}
 			switch s {
 			case plan.StageGroup:
 				span.SetAttributes(attribute.Int("groups", len(r.Groups)))
@@ -364,7 +370,7 @@ func (e *Engine) spans(ctx context.Context) plan.Observer {
 				}
 				span.SetAttributes(attribute.Int("swaps", len(r.Swaps())), attribute.Int64("bytes", bytes),
 					attribute.Int64("limit", r.Limit), attribute.Int64("planned_limit", r.Planned))
-			case plan.StageSimulate:
+			case plan.StageSimulate, plan.StageChoose:
 				if r.Exec != nil {
 					span.SetAttributes(attribute.Float64("iteration_us", r.Exec.IterationUS), attribute.Float64("stall_us", r.Exec.StallUS),
 						attribute.Float64("overhead_pct", r.Exec.OverheadPct()))

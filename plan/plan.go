@@ -160,8 +160,8 @@ func (r *Result) Swaps() []simulate.Swap {
 // package's own planner and simulator it plans twice, side by side: with
 // its prefetch distances counted over the logical layers and over each of
 // them halved, and keeps the better plan (Result.PlanGroups; the Observer
-// sees the first). The planner is sensitive to where layers begin: on
-// llama7b-8l-bf16 with its optimizer step in the backward at a quarter of
+// sees the stages of both, then StageChoose with the plan kept). The
+// planner is sensitive to where layers begin: on llama7b-8l-bf16 with its optimizer step in the backward at a quarter of
 // its peak (kernel times), the halved layers plan 288.01 ms against
 // 299.61 ms; on llama16-bf16 so cut the layers as given plan faster
 // (144.48 ms), and are kept. WithOneGrouping plans once. It is pure:
@@ -199,21 +199,20 @@ func Make(in Input, opts ...Option) (*Result, error) {
 		return r, r.planWith(cfg, in, r.Groups, flags)
 	}
 	// The plan over the logical layers and the plan over each of them
-	// halved, side by side (the second unobserved); the better is kept.
+	// halved, side by side; the better is kept.
 	a, b := *r, *r
-	quiet := cfg
-	quiet.observer = nil
 	var errA, errB error
 	var g sync.WaitGroup
-	g.Go(func() { errB = b.planWith(quiet, in, finer, flags) })
+	g.Go(func() { errB = b.planWith(cfg, in, finer, flags) })
 	errA = a.planWith(cfg, in, r.Groups, flags)
 	g.Wait()
+	done := cfg.observe(StageChoose)
+	*r, err = a, errA
 	if errB == nil && (errA != nil || better(&b, &a)) {
-		*r = b
-		return r, nil
+		*r, err = b, nil
 	}
-	*r = a
-	return r, errA
+	done(r, err)
+	return r, err
 }
 
 // planWith plans r (prepared) with the planner's triggers counted in groups
@@ -643,12 +642,18 @@ const (
 	// StageLayout lays the plan's blocks out in device memory, and plans
 	// again for less while they do not fit.
 	StageLayout Stage = "layout"
+	// StageChoose keeps the better of the two plans Make makes side by
+	// side (Result.PlanGroups says which); it follows the other stages of
+	// both, and is not run when Make plans once.
+	StageChoose Stage = "choose"
 )
 
 // Observer is told when each stage of Make starts; the function it returns
 // is called when the stage ends, with the result so far and the stage's
 // error. The Engine makes its OpenTelemetry spans from it. It must not
-// change the result.
+// change the result. Where Make plans twice, the stages from StagePlan to
+// StageLayout run for both plans at once, each told with its own result
+// (Result.PlanGroups), so an Observer may be called from two goroutines.
 type Observer func(s Stage) (end func(r *Result, err error))
 
 // Prepare runs the Group stage alone: the memory model, the curve, the

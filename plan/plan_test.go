@@ -3,6 +3,7 @@ package plan_test
 import (
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -137,6 +138,57 @@ func TestMakeStagesAndObserver(t *testing.T) {
 	assert.Len(t, r.Groups, len(layer.Uniform(in.Iter.Ops, 8)))
 	assert.Equal(t, 1+r.Tries, calls.plan, "the limit, then once per layout that did not fit")
 	assert.Greater(t, calls.sim, 1, "the planner's rounds and the final check run on the simulator given")
+}
+
+// TestObserverSeesBothPlans: where Make plans twice, the Observer is told
+// of the stages of each plan, each with its own result, and then of
+// StageChoose with the plan kept, the faster of the two.
+func TestObserverSeesBothPlans(t *testing.T) {
+	in, peak := small(t)
+	in.Limit = peak * 85 / 100
+	var mu sync.Mutex
+	var order []plan.Stage
+	ended := map[int]*plan.Result{} // plan_groups -> the result its layout stage ended with
+	var chosen *plan.Result
+	r, err := plan.Make(in, plan.WithObserver(func(s plan.Stage) func(*plan.Result, error) {
+		return func(r *plan.Result, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			require.NoError(t, err)
+			order = append(order, s)
+			switch s {
+			case plan.StageLayout:
+				ended[len(r.PlanGroups)] = r
+			case plan.StageChoose:
+				chosen = r
+			}
+		}
+	}))
+	require.NoError(t, err)
+	count := map[plan.Stage]int{}
+	for _, s := range order {
+		count[s]++
+	}
+	assert.Equal(t, map[plan.Stage]int{plan.StageGroup: 1, plan.StagePlan: 2, plan.StageSimulate: 2, plan.StageLayout: 2, plan.StageChoose: 1}, count)
+	assert.Equal(t, plan.StageGroup, order[0])
+	assert.Equal(t, plan.StageChoose, order[len(order)-1], "the choice follows both plans")
+	require.Len(t, ended, 2, "the two plans count their prefetches over different layers")
+	require.Same(t, r, chosen, "choose is told with the result Make returns")
+	other := ended[len(layer.Halved(r.Groups))]
+	if len(r.PlanGroups) != len(r.Groups) {
+		other = ended[len(r.Groups)]
+	}
+	require.NotNil(t, other)
+	assert.LessOrEqual(t, r.Exec.IterationUS, other.Exec.IterationUS, "the plan kept is not the slower")
+
+	// Planned once, no choice is made.
+	order = nil
+	_, err = plan.Make(in, plan.WithOneGrouping(), plan.WithObserver(func(s plan.Stage) func(*plan.Result, error) {
+		order = append(order, s)
+		return func(*plan.Result, error) {}
+	}))
+	require.NoError(t, err)
+	assert.Equal(t, []plan.Stage{plan.StageGroup, plan.StagePlan, plan.StageSimulate, plan.StageLayout}, order)
 }
 
 func TestMakeRecordedCurve(t *testing.T) {
