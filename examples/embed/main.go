@@ -32,14 +32,15 @@ const (
 	limit    = 320 << 10
 )
 
-// run trains for steps steps and reports what the Engine did.
-func run(out io.Writer, steps int) error {
+// run trains for steps steps and reports what the Engine did; opts go to
+// the Engine after the limit.
+func run(out io.Writer, steps int, opts ...chameleon.Option) error {
 	dev, err := host.New(limit) // or cuda.New() on an NVIDIA GPU
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
-	eng, err := chameleon.New(dev, chameleon.WithMemoryLimit(limit))
+	eng, err := chameleon.New(dev, append([]chameleon.Option{chameleon.WithMemoryLimit(limit)}, opts...)...)
 	if err != nil {
 		return err
 	}

@@ -10,14 +10,19 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/chameleon-go/chameleon"
 )
 
 // The embedding example runs: it swaps (its activations are more than the
 // limit), plans a policy, runs STABLE steps under it and reads back every
-// byte it wrote (run fails otherwise).
+// byte it wrote (run fails otherwise). The plan is waited for, so that the
+// STABLE steps run under it however loaded the machine is (the program
+// itself plans off the step, and on a busy machine its few steps may end
+// before the plan lands).
 func TestEmbed(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, run(&out, 12))
+	require.NoError(t, run(&out, 12, chameleon.WithSyncPlanning(true)))
 	s := out.String()
 	assert.Contains(t, s, "STABLE")
 	assert.Contains(t, s, "every byte read back intact")
