@@ -19,7 +19,8 @@ import "github.com/chameleon-go/chameleon/seq"
 // long sequences between short ones). A run as long as its sequence's
 // last one is taken to be over: the policy of the sequence that followed
 // that run is applied to the next iteration (expect), and dropped at its
-// end if the iteration was another sequence's (foreign). A sequence whose
+// end if the iteration was another sequence's (foreign); a run that goes
+// on past that length expects nothing more. A sequence whose
 // planning failed is not planned again. A policy the iteration outgrew (its bytes grew and
 // the executor had to force evictions past a twentieth of the planned
 // swaps: a decode loop's KV cache a position longer every step) stays in
@@ -185,8 +186,11 @@ func (l *lifecycle) end(o observation) decision {
 		d.plan, d.adoptPlanned = true, o.changed
 	}
 	// A run as long as the sequence's last one is likely over: the one that
-	// followed that run is expected next.
-	if !d.plan && !l.refresh && cur.after >= 0 && cur.after != si && l.run >= cur.lastRun {
+	// followed that run is expected next. Once: a run that goes on past
+	// that length has shown the guess wrong, and its iterations keep their
+	// own sequence's policy (a long run of real steps after skipped ones
+	// alternated would otherwise run each under the other's policy).
+	if !d.plan && !l.refresh && cur.after >= 0 && cur.after != si && l.run == cur.lastRun {
 		k := l.seqs[cur.after].key
 		d.expect = &k
 	}

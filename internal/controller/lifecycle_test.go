@@ -200,6 +200,27 @@ func TestLifecycleExpect(t *testing.T) {
 	d = l.end(observation{key: keyB, policy: true, foreign: true, swaps: 4, matched: 1, cached: true})
 	assert.True(t, d.drop, "A's policy, applied to a B")
 	assert.True(t, d.adopt)
+	// The run outlasts its last one: the guess was wrong, and the B's that
+	// follow keep B's policy, however long the run.
+	assert.Nil(t, d.expect, "three B: A is no longer expected")
+	for range 5 {
+		d = l.end(observation{key: keyB, policy: true, cached: true})
+		assert.False(t, d.drop)
+		assert.Nil(t, d.expect, "a long run of B runs under B's policy")
+	}
+	// The run ends; it was eight long, so the next run of B expects A
+	// after eight.
+	d = l.end(observation{key: keyA, changed: true, cached: true})
+	assert.True(t, d.adopt)
+	for i := range 8 {
+		d = l.end(observation{key: keyB, changed: i == 0, policy: i > 0, cached: true})
+		if i < 7 {
+			assert.Nil(t, d.expect, "B's run at %d of 8", i+1)
+		}
+	}
+	if assert.NotNil(t, d.expect) {
+		assert.Equal(t, keyA, *d.expect, "eight B, then A, as last time")
+	}
 	// A single sequence expects nothing.
 	s := history(keyA, keyA, keyA)
 	assert.Nil(t, s.end(observation{key: keyA}).expect)
