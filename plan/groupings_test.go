@@ -21,6 +21,9 @@ import (
 // grouper's. On llama7b-8l with its optimizer step in the backward at a
 // quarter of its peak the halved layers win.
 func TestMakeKeepsTheBetterGrouping(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the public traces' plans are slow under the race detector")
+	}
 	tr := testtraces.Read(t, "llama7b-8l-bf16.jsonl.gz")
 	split, origins := trace.SplitTrace(tr)
 	split, _ = memory.HoistTrace(split, origins)

@@ -35,6 +35,9 @@ func TestLayoutHoldsThePlan(t *testing.T) {
 		{"llama16-bf16.jsonl.gz", 80, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if raceEnabled && c.name != testtraces.Small {
+				t.Skip("the public traces' plans are slow under the race detector")
+			}
 			tr := testtraces.Read(t, c.name)
 			in := plan.Input{Iter: tr.Iterations[1], LiveOut: memory.LiveOutFromTrace(tr, 1)}
 			pre, err := plan.Prepare(in)
@@ -125,6 +128,9 @@ func TestLayoutHoldsThePlan(t *testing.T) {
 // optimizer step split, at a quarter of its peak (1/256 scale), the
 // embedding weight came back anywhere and took 13 places a step.
 func TestEveryCopyBackHasItsPlace(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the public traces' plans are slow under the race detector")
+	}
 	tr := testtraces.Read(t, "llama7b-8l-bf16.jsonl.gz")
 	split, _ := trace.SplitTrace(tr)
 	in := plan.Input{Iter: split.Iterations[1], LiveOut: memory.LiveOutFromTrace(split, 1)}
