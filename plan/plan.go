@@ -161,10 +161,11 @@ func (r *Result) Swaps() []simulate.Swap {
 // its prefetch distances counted over the logical layers and over each of
 // them halved, and keeps the better plan (Result.PlanGroups; the Observer
 // sees the stages of both, then StageChoose with the plan kept). The
-// planner is sensitive to where layers begin: on llama7b-8l-bf16 with its optimizer step in the backward at a quarter of
-// its peak (kernel times), the halved layers plan 288.01 ms against
-// 299.61 ms; on llama16-bf16 so cut the layers as given plan faster
-// (144.48 ms), and are kept. WithOneGrouping plans once. It is pure:
+// planner is sensitive to where layers begin: on llama7b-8l-bf16 with its
+// optimizer step in the backward at a quarter of its peak (kernel times),
+// the halved layers plan 288.01 ms against 299.61 ms; on llama16-bf16 so
+// cut the layers as given plan faster (144.48 ms), and are kept.
+// WithOneGrouping plans once. It is pure:
 // no clock, no I/O, no global state; the same input and options give the
 // same policy.
 //
