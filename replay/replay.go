@@ -33,6 +33,11 @@ type Config struct {
 	Scale int64
 	// Rounds replays the trace's iterations this many times, in order.
 	Rounds int
+	// Order, when set, replays the trace's iterations in this order
+	// instead (positions in the trace, from 0; one may come many times, so
+	// a test can make runs the recording does not have), once; Rounds is
+	// then ignored. An iteration's releases are its own wherever it runs.
+	Order []int
 	// Limit is the Engine's device memory limit in (scaled) bytes.
 	Limit int64
 	// LimitFrom, when set, says where Limit came from ("80% of the peak
@@ -365,6 +370,11 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 	if len(tr.Iterations) == 0 {
 		return nil, errors.New("replay: trace has no iterations")
 	}
+	for i, k := range cfg.Order {
+		if k < 0 || k >= len(tr.Iterations) {
+			return nil, fmt.Errorf("replay: order[%d] is %d: want a position in the trace's %d iterations", i, k, len(tr.Iterations))
+		}
+	}
 	limitErr := func(err error) error {
 		if cfg.LimitFrom != "" {
 			return fmt.Errorf("replay: limit %d bytes (%s): %w", cfg.Limit, cfg.LimitFrom, err)
@@ -460,22 +470,33 @@ func Run(tr *trace.Trace, dev device.Device, cfg Config) (*Report, error) {
 			}
 		}
 	}
+	order := cfg.Order
+	if len(order) == 0 {
+		for range cfg.Rounds {
+			for k := range tr.Iterations {
+				order = append(order, k)
+			}
+		}
+	}
 	var gen uint64
-	for round := range cfg.Rounds {
+	for n, k := range order {
+		it := tr.Iterations[k]
+		round := 0
+		if len(cfg.Order) == 0 {
+			round = n / len(tr.Iterations)
+		}
 		r.round = round
-		for k, it := range tr.Iterations {
-			if err := r.iteration(k, it, frees[k], &gen); err != nil {
-				return rep, fmt.Errorf("replay: round %d iteration %d: %w", round, it.Index, err)
+		if err := r.iteration(k, it, frees[k], &gen); err != nil {
+			return rep, fmt.Errorf("replay: round %d iteration %d: %w", round, it.Index, err)
+		}
+		res := rep.Results[len(rep.Results)-1]
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "round %d iter %d: %s ops=%d swaps out=%d in=%d on-demand=%d evictions=%d matched=%d planned=%v cache=%v",
+				round, it.Index, res.Stage, res.Ops, res.SwapsOut, res.SwapsIn, res.OnDemand, res.Evictions, res.Matched, res.Planned, res.CacheHit)
+			if x := rep.PerIteration[len(rep.PerIteration)-1]; cfg.Timing != nil {
+				fmt.Fprintf(cfg.Progress, " measured=%.2fms simulated=%.2fms unlimited=%.2fms", x.MeasuredMS, x.SimulatedMS, x.UnlimitedMS)
 			}
-			res := rep.Results[len(rep.Results)-1]
-			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "round %d iter %d: %s ops=%d swaps out=%d in=%d on-demand=%d evictions=%d matched=%d planned=%v cache=%v",
-					round, it.Index, res.Stage, res.Ops, res.SwapsOut, res.SwapsIn, res.OnDemand, res.Evictions, res.Matched, res.Planned, res.CacheHit)
-				if x := rep.PerIteration[len(rep.PerIteration)-1]; cfg.Timing != nil {
-					fmt.Fprintf(cfg.Progress, " measured=%.2fms simulated=%.2fms unlimited=%.2fms", x.MeasuredMS, x.SimulatedMS, x.UnlimitedMS)
-				}
-				fmt.Fprintln(cfg.Progress)
-			}
+			fmt.Fprintln(cfg.Progress)
 		}
 	}
 	st := eng.Stats()
