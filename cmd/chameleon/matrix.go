@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -68,7 +69,9 @@ const matrixCkpt = "ckpt"
 
 // matrixRow is one replay of the matrix: what was run and, from the
 // replay's --json report, its STABLE figures. The times are medians over
-// the STABLE iterations, the counts sums over them.
+// the STABLE iterations, the counts sums over them; VsSimulatedPct and
+// VsUnlimitedPct are the medians of each STABLE iteration's measured step
+// over its own simulated and unlimited ones.
 type matrixRow struct {
 	Name    string `json:"name"` // <trace>@<limit>, what --only matches
 	Trace   string `json:"trace"`
@@ -417,9 +420,19 @@ func (r *matrixRow) fill(out []byte) error {
 		r.Evictions, r.OnDemandSwapIns = s.Evictions, s.OnDemandSwapIns
 		r.VsSimulatedPct, r.VsUnlimitedPct = pctOver(s.MeasuredMS, s.SimulatedMS), pctOver(s.MeasuredMS, s.UnlimitedMS)
 	}
+	// Each iteration against its own simulated and unlimited steps: on a
+	// trace whose steps differ (skipped fp16 steps between real ones) the
+	// medians of the three columns may be different iterations'.
+	var vsSim, vsUnl []float64
 	for _, x := range rep.PerIteration {
 		if x.Stage != "STABLE" {
 			continue
+		}
+		if x.MeasuredMS > 0 && x.SimulatedMS > 0 {
+			vsSim = append(vsSim, x.MeasuredMS/x.SimulatedMS)
+		}
+		if x.MeasuredMS > 0 && x.UnlimitedMS > 0 {
+			vsUnl = append(vsUnl, x.MeasuredMS/x.UnlimitedMS)
 		}
 		if x.Placed > 0 {
 			r.PlacedIterations++
@@ -427,7 +440,23 @@ func (r *matrixRow) fill(out []byte) error {
 		r.PlannedSwaps += x.PlannedSwaps
 		r.PlannedRecomputes += x.PlannedRecomputes
 	}
+	if len(vsSim) > 0 {
+		r.VsSimulatedPct = pctOver(medianOf(vsSim), 1)
+	}
+	if len(vsUnl) > 0 {
+		r.VsUnlimitedPct = pctOver(medianOf(vsUnl), 1)
+	}
 	return nil
+}
+
+// medianOf is the median of v (not empty), sorted in place.
+func medianOf(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
 }
 
 // pctOver is a over b in percent (+3.2: 3.2% longer), nil without b.
@@ -469,6 +498,10 @@ func matrixVerdict(r matrixRow) string {
 	switch {
 	case r.SimulatedMS <= 0 || r.MeasuredMS <= 0:
 		why = append(why, "no simulated or measured step")
+	case r.VsSimulatedPct != nil:
+		if math.Abs(*r.VsSimulatedPct) > 100*matrixSimTolerance {
+			why = append(why, fmt.Sprintf("measured %+.1f%% of simulated", *r.VsSimulatedPct))
+		}
 	case math.Abs(r.MeasuredMS/r.SimulatedMS-1) > matrixSimTolerance:
 		why = append(why, fmt.Sprintf("measured %+.1f%% of simulated", 100*(r.MeasuredMS/r.SimulatedMS-1)))
 	}

@@ -128,6 +128,8 @@ func TestMatrixVerdict(t *testing.T) {
 		{name: "slower than simulated", edit: func(r *matrixRow) { r.MeasuredMS = 107.24 }, want: "measured +7.2% of simulated"},
 		{name: "faster than simulated", edit: func(r *matrixRow) { r.MeasuredMS = 90 }, want: "measured -10.0% of simulated"},
 		{name: "no simulated step", edit: func(r *matrixRow) { r.SimulatedMS = 0 }, want: "no simulated or measured step"},
+		{name: "each iteration as simulated, medians apart", edit: func(r *matrixRow) { r.MeasuredMS, r.VsSimulatedPct = 120, new(1.5) }, want: "ok"},
+		{name: "each iteration slower than simulated", edit: func(r *matrixRow) { r.VsSimulatedPct = new(-8.25) }, want: "measured -8.2% of simulated"},
 		{name: "every reason", edit: func(r *matrixRow) { r.Evictions, r.OnDemandSwapIns, r.PlacedIterations, r.MeasuredMS = 2, 1, 0, 120 },
 			want: "2 forced evictions, 1 on-demand swap-in, placed 0/4, measured +20.0% of simulated"},
 	}
@@ -138,6 +140,35 @@ func TestMatrixVerdict(t *testing.T) {
 			assert.Equal(t, tt.want, matrixVerdict(r))
 		})
 	}
+}
+
+// fill compares each STABLE iteration with its own simulated and unlimited
+// steps: two kinds of step that alternate, each run as simulated, are not
+// 20% off their simulation because their medians fall on different kinds.
+func TestMatrixFillPerIteration(t *testing.T) {
+	type it struct {
+		Stage       string  `json:"stage"`
+		Unlimited   float64 `json:"unlimited_ms"`
+		Measured    float64 `json:"measured_ms"`
+		Simulated   float64 `json:"simulated_ms"`
+		Placed      int     `json:"placed"`
+		PlannedSwap int64   `json:"planned_swaps"`
+	}
+	per := []it{{"WARMUP", 80, 200, 0, 0, 0}, {"STABLE", 80, 101, 100, 5, 10}, {"STABLE", 100, 141, 140, 5, 10}, {"STABLE", 80, 99, 100, 5, 10},
+		{"STABLE", 100, 143, 140, 5, 10}, {"STABLE", 100, 140, 140, 5, 10}}
+	out, err := json.Marshal(map[string]any{"trace": "t", "stable": map[string]any{"iterations": 5, "unlimited_ms": 100, "measured_ms": 140, "simulated_ms": 100},
+		"per_iteration": per})
+	require.NoError(t, err)
+	var r matrixRow
+	require.NoError(t, r.fill(out))
+	require.NotNil(t, r.VsSimulatedPct)
+	assert.Equal(t, 0.7, *r.VsSimulatedPct) // 101/100, 141/140, 99/100, 143/140, 140/140: the median is 141/140
+	require.NotNil(t, r.VsUnlimitedPct)
+	assert.Equal(t, 40.0, *r.VsUnlimitedPct) // 1.2625, 1.41, 1.2375, 1.43, 1.4
+	assert.Equal(t, 5, r.PlacedIterations)
+	assert.Equal(t, int64(50), r.PlannedSwaps)
+	r.Dynamic = true
+	assert.Equal(t, "ok", matrixVerdict(r), "the medians alone are 40% apart")
 }
 
 // The rows: every trace's limits and its checkpointing peak, found in the
