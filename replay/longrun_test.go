@@ -43,13 +43,14 @@ func TestLongRunAfterAlternation(t *testing.T) {
 	dev, err := host.New(limit)
 	require.NoError(t, err)
 	defer dev.Close()
-	// Estimated op times: the plans, and so the test, are the same on
-	// every machine.
+	// Estimated op times and a link of a set bandwidth: the plans, and so
+	// the test, are the same on every machine.
 	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Order: order, Limit: limit,
-		Options: []chameleon.Option{chameleon.WithMeasuredTimes(false)}})
+		Options: []chameleon.Option{chameleon.WithMeasuredTimes(false), chameleon.WithLinkBandwidth(55e9)}})
 	require.NoError(t, err)
 	defer rep.Engine.Close()
 	require.Len(t, rep.Results, len(order))
+
 	assert.Zero(t, rep.FailedUses, rep.Failures)
 	assert.Positive(t, rep.VerifiedUses)
 	assert.LessOrEqual(t, dev.PeakAllocated(), limit, "device bytes above the limit")
