@@ -461,6 +461,9 @@ type executor struct {
 	// onDevice lists the tensors that may hold device memory (gotDevice),
 	// pruned by victims of those that no longer do.
 	onDevice []*Tensor
+	// ran is the policy in force at the last Begin (nil: none): the copies
+	// back it left due are carried into the next iteration (carriedIn).
+	ran *policy
 	// placedFor is the policy the allocator's placement follows (nil:
 	// none), so that a new policy starts a new recording.
 	placedFor *policy

@@ -112,13 +112,17 @@ func (e *Engine) hintState(what string, t *Tensor) error {
 	return nil
 }
 
-// retryPrefetches starts the host's waiting prefetches that fit now, in
-// the order they were asked for, and forgets those no longer off the
-// device.
+// retryPrefetches starts the host's waiting prefetches, and the copies
+// back carried from the iteration before, that fit now, in the order they
+// came due, and forgets those no longer off the device.
 func (e *Engine) retryPrefetches() error {
 	return e.prefetches.retry(false, func(q prefetch) (bool, error) {
 		ok, err := e.swapIn(q.t, false, -1)
-		if ok {
+		switch {
+		case !ok:
+		case q.carried:
+			e.stats.Carried++
+		default:
 			e.stats.HintPrefetches++
 		}
 		return ok, err

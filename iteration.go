@@ -3,6 +3,7 @@ package chameleon
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"go.opentelemetry.io/otel/attribute"
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -44,6 +45,44 @@ type Iteration struct {
 	// rounded size: which of the layout's blocks each is (madeAt).
 	madeOp int
 	madeN  map[int64]int
+	// carry is the copies back the policy of the iteration before left
+	// due, by the op they start at (carriedIn).
+	carry []carried
+}
+
+// carried is a copy back due at op of the iteration under way, left by
+// the policy of the iteration before.
+type carried struct {
+	op int
+	t  *Tensor
+}
+
+// carriedIn is what p, which ran the iteration before (of ran ops), left
+// on the host with a copy back due that no one will issue, in the plan's
+// issue order by the op each starts at (Stats.Carried): each swap across
+// the step's end when next, the policy of this iteration, is another
+// (nil: none), at the op p issues it at; and each swap of a parameter or
+// optimizer state whose copy back was due at an op the iteration before
+// did not reach, at the first op. Without them each comes back at its
+// use, with the compute stream waiting for the whole copy.
+func (p *policy) carriedIn(next *policy, ran int) []carried {
+	var c []carried
+	for _, i := range p.issue.InOrder {
+		t := p.live[i]
+		if t == nil || t.released || t.state != swapped {
+			continue
+		}
+		switch {
+		case p.swaps[i].Wraps():
+			if next != p {
+				c = append(c, carried{op: p.issue.InOp[i], t: t})
+			}
+		case t.kind != Activation && p.issue.InOp[i] >= ran:
+			c = append(c, carried{op: 0, t: t})
+		}
+	}
+	slices.SortStableFunc(c, func(a, b carried) int { return a.op - b.op })
+	return c
 }
 
 // Begin starts an iteration. The returned Iteration is reused by the
@@ -68,6 +107,7 @@ func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 		return &Iteration{eng: e, err: ErrIterationUnderWay}
 	}
 	e.prefetches.endIteration() // the last iteration's planned copies back
+	ranOps := it.op             // the ops the last iteration ran
 	*it = Iteration{active: true, eng: e, index: e.stats.Iterations, start: e.cfg.clock().UnixNano(), hostRecompute: it.hostRecompute[:0], ord: it.ord, keyCount: it.keyCount, madeOp: -1, madeN: it.madeN}
 	it.ctx, it.span = e.tracer.Start(ctx, "chameleon.execute")
 	if p := e.restart; p != nil {
@@ -87,6 +127,10 @@ func (e *Engine) BeginContext(ctx context.Context) *Iteration {
 		it.detail = &trace.Iteration{Index: it.index, Tensors: map[trace.TensorID]*trace.Tensor{}, MemExact: true}
 		it.ord, it.keyCount = map[trace.TensorID]uint32{}, map[uint64]uint32{}
 	}
+	if e.ran != nil {
+		it.carry = e.ran.carriedIn(e.policy, ranOps)
+	}
+	e.ran = e.policy
 	if e.policy != nil {
 		e.policy.reset()
 		it.err = e.trimKept()
@@ -157,6 +201,12 @@ func (it *Iteration) Before(op *Op) error {
 				}
 			}
 		}
+	}
+	for len(it.carry) > 0 && it.carry[0].op <= it.op {
+		if t := it.carry[0].t; !t.released && t.state == swapped && !e.prefetches.has(t) {
+			e.prefetches.addCarried(t)
+		}
+		it.carry = it.carry[1:]
 	}
 	if err := e.retryPrefetches(); err != nil {
 		return fmt.Errorf("op %d (%s): %w", it.op, op.Name, err)

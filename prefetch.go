@@ -18,6 +18,9 @@ type prefetchQueue struct {
 type prefetch struct {
 	t    *Tensor
 	swap int32 // the policy's swap it is (policy.live), -1 for a hint
+	// carried: not a hint but a copy back the policy of the iteration
+	// before left due (Stats.Carried), dropped at End.
+	carried bool
 }
 
 // add queues a copy back.
@@ -25,9 +28,14 @@ func (q *prefetchQueue) add(t *Tensor, swap int32) {
 	q.items = append(q.items, prefetch{t: t, swap: swap})
 }
 
-// has reports whether t waits as a hint.
+// has reports whether t waits as a hint or a carried copy back.
 func (q *prefetchQueue) has(t *Tensor) bool {
 	return slices.ContainsFunc(q.items, func(p prefetch) bool { return p.t == t && p.swap < 0 })
+}
+
+// addCarried queues a carried copy back (prefetch.carried).
+func (q *prefetchQueue) addCarried(t *Tensor) {
+	q.items = append(q.items, prefetch{t: t, swap: -1, carried: true})
 }
 
 // forget drops t's waiting copies back.
@@ -35,10 +43,10 @@ func (q *prefetchQueue) forget(t *Tensor) {
 	q.items = slices.DeleteFunc(q.items, func(p prefetch) bool { return p.t == t })
 }
 
-// endIteration drops the planned copies back still waiting: the next
-// iteration's policy plans its own.
+// endIteration drops the planned and carried copies back still waiting:
+// the next iteration's policy plans its own.
 func (q *prefetchQueue) endIteration() {
-	q.items = slices.DeleteFunc(q.items, func(p prefetch) bool { return p.swap >= 0 })
+	q.items = slices.DeleteFunc(q.items, func(p prefetch) bool { return p.swap >= 0 || p.carried })
 }
 
 // retry starts each waiting copy back of the policy (planned) or of the

@@ -66,6 +66,16 @@ type ExecStats struct {
 	// their bytes are in SwappedOutBytes, their release later in SwapsOut
 	// and KeptEvictions.
 	WriteBacks int64
+	// Carried counts the copies back (in SwapsIn) started for tensors the
+	// policy of the iteration before left on the host with a copy back due
+	// that the Engine no longer issues itself: planned across the step's
+	// end where another policy, or none, runs the next iteration; or
+	// planned for an op that iteration never reached (it ended sooner
+	// than the one the policy was planned from: a skipped step under a
+	// real step's policy), a parameter or optimizer state. Each starts
+	// where its policy had it (the first op for one not reached) once
+	// device memory is free, ahead of its use rather than at it.
+	Carried int64
 }
 
 // DeviceStats are the device allocator's and the pinned host pool's.

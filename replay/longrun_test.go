@@ -69,6 +69,45 @@ func TestLongRunAfterAlternation(t *testing.T) {
 	}
 }
 
+// TestCarriedCopiesBack replays the fp16 trace's rounds: skipped steps
+// and real ones, each sequence under its own policy once both are
+// planned, with a run of three skipped steps where a round starts again.
+// A skipped step under the real step's policy (the run's second: the
+// Engine expected a real step) ends before that policy's copies back of
+// the weights for the optimizer step; a real step after a skipped one
+// finds the skipped step's copies back across the step's end unissued.
+// The Engine starts both where the last policy had them (Stats.Carried),
+// so the STABLE steps bring almost nothing back at its use.
+func TestCarriedCopiesBack(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a replay of a large trace: not under the race detector")
+	}
+	tr := shared(t, "llama16-fp16-scaler.jsonl.gz")
+	const scale = 1024
+	limit := int64(float64(replay.PeakBytes(tr)/scale) * 0.6)
+	dev, err := host.New(limit)
+	require.NoError(t, err)
+	defer dev.Close()
+	rep, err := replay.Run(tr, dev, replay.Config{Scale: scale, Rounds: 4, Limit: limit,
+		Options: []chameleon.Option{chameleon.WithMeasuredTimes(false), chameleon.WithLinkBandwidth(55e9)}})
+	require.NoError(t, err)
+	defer rep.Engine.Close()
+	assert.Zero(t, rep.FailedUses, rep.Failures)
+	assert.LessOrEqual(t, dev.PeakAllocated(), limit, "device bytes above the limit")
+	var stable, in, onDemand int64
+	for _, r := range rep.Results {
+		if r.Stage.String() == "STABLE" {
+			stable++
+			in += r.SwapsIn
+			onDemand += r.OnDemand
+		}
+	}
+	require.Positive(t, stable)
+	assert.Positive(t, rep.Stats.Carried)
+	t.Logf("%d STABLE steps: %d planned copies back, %d on demand; %d carried", stable, in, onDemand, rep.Stats.Carried)
+	assert.LessOrEqual(t, 100*onDemand, in, "STABLE steps: more than one copy back in a hundred at its use")
+}
+
 func TestOrderOutsideTheTrace(t *testing.T) {
 	tr := testtraces.Read(t, testtraces.Small)
 	dev, err := host.New(1 << 30)
