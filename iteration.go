@@ -203,7 +203,7 @@ func (it *Iteration) Before(op *Op) error {
 		}
 	}
 	for len(it.carry) > 0 && it.carry[0].op <= it.op {
-		if t := it.carry[0].t; !t.released && t.state == swapped && !e.prefetches.has(t) {
+		if t := it.carry[0].t; !t.released && t.state == swapped && !e.prefetches.waits(t) {
 			e.prefetches.addCarried(t)
 		}
 		it.carry = it.carry[1:]

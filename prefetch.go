@@ -28,9 +28,15 @@ func (q *prefetchQueue) add(t *Tensor, swap int32) {
 	q.items = append(q.items, prefetch{t: t, swap: swap})
 }
 
-// has reports whether t waits as a hint or a carried copy back.
+// has reports whether t waits as a hint.
 func (q *prefetchQueue) has(t *Tensor) bool {
-	return slices.ContainsFunc(q.items, func(p prefetch) bool { return p.t == t && p.swap < 0 })
+	return slices.ContainsFunc(q.items, func(p prefetch) bool { return p.t == t && p.swap < 0 && !p.carried })
+}
+
+// waits reports whether t waits, as a hint, a carried copy back or a
+// planned one.
+func (q *prefetchQueue) waits(t *Tensor) bool {
+	return slices.ContainsFunc(q.items, func(p prefetch) bool { return p.t == t })
 }
 
 // addCarried queues a carried copy back (prefetch.carried).
