@@ -29,6 +29,9 @@ type stepper struct {
 	// made holds the activations of the iteration under way not released
 	// yet: a failed step releases them, as a host's deferred cleanup does.
 	made map[*chameleon.Tensor]bool
+	// skip: the step ends after the backward, with no update (a mixed
+	// precision step whose gradients overflowed).
+	skip bool
 }
 
 func newStepper(t *testing.T, n int, size, limit int64) *stepper {
@@ -169,6 +172,14 @@ func (s *stepper) ops(it *chameleon.Iteration, iter int, pieces bool) error {
 			return err
 		}
 	}
+	if s.skip {
+		for _, g := range grads {
+			if err := s.release(g); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	update := func(i int) error {
 		p, g, m, v := s.read(s.params[i]), s.read(grads[i]), s.read(s.m[i]), s.read(s.v[i])
 		for j := range p {
@@ -239,6 +250,40 @@ func TestPiecesRunBelowTheWholeOp(t *testing.T) {
 	require.Zero(t, last.Evictions, "as planned: no forced eviction")
 	require.Zero(t, last.OnDemand)
 	require.LessOrEqual(t, st.PeakDeviceBytes, limit)
+}
+
+// TestCarriedAfterASkippedStep: a step that skips the update (its
+// gradients overflowed) runs under the real steps' policy, which swaps the
+// weights out after the forward and brings them back for the update; the
+// step ends before it, leaving them on the host. The next step's forward
+// reads them: the Engine carries their copies back into it
+// (Stats.Carried), started at its first op, every byte as written.
+func TestCarriedAfterASkippedStep(t *testing.T) {
+	const n, size = 8, 64 << 10
+	s := newStepper(t, n, size, int64(n*size*5/2))
+	var last chameleon.Result
+	var err error
+	for iter := range 12 {
+		last, err = s.step(iter, true)
+		require.NoError(t, err, "iteration %d", iter)
+	}
+	require.Equal(t, "STABLE", last.Stage.String())
+	require.Positive(t, last.SwapsOut)
+	s.skip = true
+	skipped, err := s.step(12, true)
+	require.NoError(t, err)
+	require.Positive(t, skipped.SwapsOut, "the real steps' policy ran the skipped step")
+	s.skip = false
+	carried := s.eng.Stats().Carried
+	next, err := s.step(13, true)
+	require.NoError(t, err)
+	got := s.eng.Stats().Carried - carried
+	t.Logf("carried into the next step: %d; on demand there: %d", got, next.OnDemand)
+	require.Positive(t, got, "the weights left on the host came back ahead of their use")
+	for iter := 14; iter < 16; iter++ {
+		_, err = s.step(iter, true)
+		require.NoError(t, err, "iteration %d", iter)
+	}
 }
 
 // TestPiecesRefuses: what a piecewise op cannot be.
