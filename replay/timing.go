@@ -284,12 +284,12 @@ func stableOf(per []IterationReport) *StableReport {
 	if s.Iterations == 0 {
 		return nil
 	}
-	s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS = median(unl), median(meas), median(sim)
+	s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS = Median(unl), Median(meas), Median(sim)
 	return s
 }
 
-// median of v (not empty); v is sorted in place.
-func median(v []float64) float64 {
+// Median of v (not empty); v is sorted in place.
+func Median(v []float64) float64 {
 	slices.Sort(v)
 	n := len(v)
 	if n%2 == 1 {

@@ -11,11 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/chameleon-go/chameleon/replay"
 )
 
 func init() {
@@ -418,7 +419,6 @@ func (r *matrixRow) fill(out []byte) error {
 		r.StableIterations = s.Iterations
 		r.UnlimitedMS, r.MeasuredMS, r.SimulatedMS = s.UnlimitedMS, s.MeasuredMS, s.SimulatedMS
 		r.Evictions, r.OnDemandSwapIns = s.Evictions, s.OnDemandSwapIns
-		r.VsSimulatedPct, r.VsUnlimitedPct = pctOver(s.MeasuredMS, s.SimulatedMS), pctOver(s.MeasuredMS, s.UnlimitedMS)
 	}
 	// Each iteration against its own simulated and unlimited steps: on a
 	// trace whose steps differ (skipped fp16 steps between real ones) the
@@ -440,23 +440,18 @@ func (r *matrixRow) fill(out []byte) error {
 		r.PlannedSwaps += x.PlannedSwaps
 		r.PlannedRecomputes += x.PlannedRecomputes
 	}
-	if len(vsSim) > 0 {
-		r.VsSimulatedPct = pctOver(medianOf(vsSim), 1)
-	}
-	if len(vsUnl) > 0 {
-		r.VsUnlimitedPct = pctOver(medianOf(vsUnl), 1)
-	}
+	r.VsSimulatedPct = medianRatioPct(vsSim, r.MeasuredMS, r.SimulatedMS)
+	r.VsUnlimitedPct = medianRatioPct(vsUnl, r.MeasuredMS, r.UnlimitedMS)
 	return nil
 }
 
-// medianOf is the median of v (not empty), sorted in place.
-func medianOf(v []float64) float64 {
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
+// medianRatioPct is the median of ratios in percent over 1, or, with no
+// ratio, a over b (pctOver).
+func medianRatioPct(ratios []float64, a, b float64) *float64 {
+	if len(ratios) == 0 {
+		return pctOver(a, b)
 	}
-	return (v[n/2-1] + v[n/2]) / 2
+	return pctOver(replay.Median(ratios), 1)
 }
 
 // pctOver is a over b in percent (+3.2: 3.2% longer), nil without b.
